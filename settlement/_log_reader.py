@@ -1,0 +1,105 @@
+"""Reads granted offsets of an entity's log straight from Kafka.
+
+The engine grants offsets; payloads never pass through it. One consumer per
+log partition is assigned (never subscribed) and moved only when a grant does
+not continue where it stopped, so a receiver that keeps getting the next
+fresh offsets reads the log sequentially. The high watermark of the latest
+fetch response tells the engine how far the log goes (ListOffsets cannot be
+trusted for that on every broker; see ``topics.offsets``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from settlement.exceptions import ServiceBusCommunicationError
+from topics.connection import ConnectionSettings
+
+_UNKNOWN = -1001
+_AHEAD_LIMIT = 10_000
+
+
+class PartitionReader:
+    """Fetches records of one partition by offset and tracks its log end."""
+
+    def __init__(self, settings: ConnectionSettings, topic: str, partition: int) -> None:
+        self._tp = TopicPartition(topic, partition)
+        config = settings.consumer_config(f"reader-{uuid.uuid4().hex[:12]}")
+        config["queued.max.messages.kbytes"] = 16384
+        self._consumer = Consumer(config)
+        lower = self._consumer.get_watermark_offsets(self._tp, timeout=10)[1]
+        self._position = max(0, lower - 1)
+        self._consumer.assign([TopicPartition(topic, partition, self._position)])
+        self._ahead: dict[int, Message] = {}
+        self._hw = _UNKNOWN
+
+    def high_watermark(self, timeout: float = 5.0) -> int:
+        """The log end seen in the latest fetch response (waits for the first)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._refresh_hw()
+            if self._hw != _UNKNOWN or time.monotonic() > deadline:
+                return max(self._hw, 0)
+            self._take(self._consumer.consume(num_messages=500, timeout=0.02))
+
+    def _refresh_hw(self) -> None:
+        high = self._consumer.get_watermark_offsets(self._tp, cached=True)[1]
+        if high != _UNKNOWN:
+            self._hw = max(self._hw, high)
+
+    def read(self, offsets: list[int], timeout: float = 10.0) -> dict[int, Message | None]:
+        """Records at ``offsets``; an offset that holds no record (a gap left by
+        a transaction marker, say) maps to None."""
+        found: dict[int, Message | None] = {}
+        for o in offsets:
+            if o in self._ahead:
+                found[o] = self._ahead.pop(o)
+        wanted = sorted(set(offsets) - set(found))
+        deadline = time.monotonic() + timeout
+        while wanted:
+            if time.monotonic() > deadline:
+                raise ServiceBusCommunicationError(
+                    f"could not read offsets {wanted[:5]}... of {self._tp.topic}"
+                    f"[{self._tp.partition}] within {timeout}s"
+                )
+            if self._position > wanted[0] or (self._position < wanted[0]
+                                              and wanted[0] - self._position > 500):
+                self._seek(wanted[0])
+            want = set(wanted)
+            for record in self._take(self._consumer.consume(
+                    num_messages=min(len(wanted) + 50, 5000), timeout=0.05)):
+                if record.offset() in want:
+                    found[record.offset()] = record
+                elif record.offset() > wanted[0] and len(self._ahead) < _AHEAD_LIMIT:
+                    self._ahead[record.offset()] = record
+            # Offsets passed without a record are gaps: they hold nothing.
+            for o in wanted:
+                if o not in found and o < self._position:
+                    found[o] = None
+            wanted = [o for o in wanted if o not in found]
+        return found
+
+    def _take(self, records: list[Message]) -> list[Message]:
+        good = []
+        for record in records:
+            err = record.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    raise ServiceBusCommunicationError(
+                        f"reading {self._tp.topic}[{self._tp.partition}] failed: {err.str()}")
+                continue
+            self._position = record.offset() + 1
+            good.append(record)
+        self._refresh_hw()
+        return good
+
+    def _seek(self, offset: int) -> None:
+        self._ahead.clear()
+        self._consumer.assign([TopicPartition(self._tp.topic, self._tp.partition, offset)])
+        self._position = offset
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -1,0 +1,140 @@
+"""Wire format of an entity's message log: the only module that reads or
+writes message records. See ``docs/wire-format.md`` for producers that are
+not this library.
+
+A message is one Kafka record on topic ``NS.queue.ENTITY``:
+
+* value: the body, raw bytes;
+* key: ``partition_key``, else ``session_id``, else ``message_id`` (UTF-8), else none;
+* timestamp: the enqueued time;
+* headers (all optional, UTF-8): ``message-id``, ``correlation-id``,
+  ``content-type``, ``subject``, ``reply-to``, ``reply-to-session-id``, ``to``,
+  ``session-id``, ``partition-key``, ``time-to-live-ms`` (decimal integer),
+  ``scheduled-enqueue-time-ms`` (decimal epoch milliseconds) and
+  ``application-properties`` (a JSON object of str/int/float/bool/null).
+
+The sequence number of a message is ``partition << 40 | offset``: it names
+the record, so a deferred message is fetched by it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from settlement.message import ServiceBusMessage, ServiceBusMessageState, ServiceBusReceivedMessage
+
+OFFSET_BITS = 40
+_TEXT_HEADERS = ("message-id", "correlation-id", "content-type", "subject", "reply-to",
+                 "reply-to-session-id", "to", "session-id", "partition-key")
+_KNOWN = frozenset({*_TEXT_HEADERS, "time-to-live-ms", "scheduled-enqueue-time-ms",
+                    "application-properties"})
+
+
+class MalformedRecord(ValueError):
+    """A record in an entity log that does not follow the wire format."""
+
+
+def sequence_number(partition: int, offset: int) -> int:
+    return (partition << OFFSET_BITS) | offset
+
+
+def split_sequence_number(seq: int) -> tuple[int, int]:
+    if not isinstance(seq, int) or seq < 0:
+        raise ValueError(f"sequence number must be a non-negative integer, got {seq!r}")
+    return seq >> OFFSET_BITS, seq & ((1 << OFFSET_BITS) - 1)
+
+
+def _ms(value: dt.datetime | dt.timedelta) -> int:
+    if isinstance(value, dt.timedelta):
+        return int(value.total_seconds() * 1000)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    return int(value.timestamp() * 1000)
+
+
+def encode(message: ServiceBusMessage) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
+    """``(key, value, headers)`` of the record that carries ``message``."""
+    text = {
+        "message-id": message.message_id, "correlation-id": message.correlation_id,
+        "content-type": message.content_type, "subject": message.subject,
+        "reply-to": message.reply_to, "reply-to-session-id": message.reply_to_session_id,
+        "to": message.to, "session-id": message.session_id,
+        "partition-key": message.partition_key,
+    }
+    headers = [(k, v.encode()) for k, v in text.items() if v is not None]
+    if message.time_to_live is not None:
+        headers.append(("time-to-live-ms", str(_ms(message.time_to_live)).encode()))
+    if message.scheduled_enqueue_time_utc is not None:
+        headers.append(("scheduled-enqueue-time-ms",
+                        str(_ms(message.scheduled_enqueue_time_utc)).encode()))
+    if message.application_properties:
+        headers.append(("application-properties",
+                        json.dumps(message.application_properties,
+                                   separators=(",", ":")).encode()))
+    key = message.partition_key or message.session_id or message.message_id
+    return (key.encode() if key else None), message.body, headers
+
+
+def record_size(message: ServiceBusMessage) -> int:
+    key, value, headers = encode(message)
+    return len(key or b"") + len(value) + sum(len(k) + len(v) for k, v in headers)
+
+
+def _utc(ms: int | None) -> dt.datetime | None:
+    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+
+
+def decode(value: bytes | None, headers: list[tuple[str, bytes | None]] | None,
+           timestamp_ms: int | None, partition: int, offset: int, *,
+           lenient: bool = False, **delivery: Any) -> ServiceBusReceivedMessage:
+    """The received message a record carries; raise MalformedRecord for a
+    record that breaks the format, unless ``lenient`` (then the body is kept
+    and the unreadable headers are left out, for the dead-letter sub-queue)."""
+    fields: dict[str, Any] = {}
+    malformed: str | None = None
+    for name, raw in headers or []:
+        try:
+            fields.update(_decode_header(name, raw))
+        except MalformedRecord as exc:
+            if not lenient:
+                raise
+            malformed = malformed or str(exc)
+    common = {"sequence_number": sequence_number(partition, offset),
+              "enqueued_time_utc": _utc(timestamp_ms), **delivery}
+    try:
+        return ServiceBusReceivedMessage(value or b"", **fields, malformed_reason=malformed,
+                                         **common)
+    except (ValueError, TypeError) as exc:  # e.g. a message id over 128 characters
+        if not lenient:
+            raise MalformedRecord(str(exc)) from None
+        return ServiceBusReceivedMessage(value or b"", malformed_reason=str(exc), **common)
+
+
+def _decode_header(name: str, raw: bytes | None) -> dict[str, Any]:
+    if name not in _KNOWN:
+        return {}  # other producers' headers are theirs; ignore them
+    try:
+        text = (raw or b"").decode("utf-8")
+    except UnicodeDecodeError:
+        raise MalformedRecord(f"header {name!r} is not UTF-8") from None
+    if name in _TEXT_HEADERS:
+        return {name.replace("-", "_"): text}
+    if name == "application-properties":
+        try:
+            props = json.loads(text)
+        except ValueError:
+            raise MalformedRecord("header 'application-properties' is not JSON") from None
+        if not isinstance(props, dict):
+            raise MalformedRecord("header 'application-properties' must be a JSON object")
+        return {"application_properties": props}
+    if not text.isdigit():
+        raise MalformedRecord(f"header {name!r} must be a decimal integer, got {text[:40]!r}")
+    if name == "time-to-live-ms":
+        return {"time_to_live": dt.timedelta(milliseconds=int(text))}
+    return {"scheduled_enqueue_time_utc": _utc(int(text))}
+
+
+STATES = {"active": ServiceBusMessageState.ACTIVE, "deadletter": ServiceBusMessageState.ACTIVE,
+          "deferred": ServiceBusMessageState.DEFERRED}

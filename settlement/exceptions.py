@@ -1,0 +1,92 @@
+"""Errors of the settlement layer, named as in ``azure.servicebus.exceptions``.
+
+Every error says what went wrong and what to do. ``retryable`` tells whether
+the same call may succeed if tried again; ``error_code`` and ``tracking_id``
+identify a rejection as a Service Bus rejection would.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+
+class ServiceBusError(Exception):
+    """Base of every error raised by the settlement layer."""
+
+    retryable_default = False
+
+    def __init__(self, message: str, *, error_code: str | None = None,
+                 tracking_id: str | None = None, retryable: bool | None = None) -> None:
+        self.error_code = error_code or type(self).__name__
+        self.tracking_id = tracking_id or uuid.uuid4().hex
+        self.retryable = self.retryable_default if retryable is None else retryable
+        self.message = message
+        super().__init__(f"{message} (error: {self.error_code}, tracking id: {self.tracking_id})")
+
+
+class ServiceBusConnectionError(ServiceBusError):
+    """Kafka could not be reached; check the Endpoint of the connection string."""
+
+    retryable_default = True
+
+
+class ServiceBusCommunicationError(ServiceBusError):
+    """A request to Kafka failed on the way; retrying may help."""
+
+    retryable_default = True
+
+
+class OperationTimeoutError(ServiceBusError):
+    """No answer in time (the engine may be restarting); retrying may help."""
+
+    retryable_default = True
+
+
+class ServiceBusServerBusyError(ServiceBusError):
+    retryable_default = True
+
+
+class ServiceBusQuotaExceededError(ServiceBusError):
+    pass
+
+
+class MessageSizeExceededError(ServiceBusError, ValueError):
+    """A message is larger than its entity accepts."""
+
+
+class MessageLockLostError(ServiceBusError):
+    """The lock on the message expired or is held under another token."""
+
+
+class MessageNotFoundError(ServiceBusError):
+    pass
+
+
+class MessagingEntityNotFoundError(ServiceBusError):
+    """The queue does not exist in this namespace."""
+
+
+class MessagingEntityAlreadyExistsError(ServiceBusError):
+    pass
+
+
+class InvalidOperationError(ServiceBusError):
+    """The operation is not allowed for this message or entity."""
+
+
+class AutoLockRenewFailed(ServiceBusError):
+    pass
+
+
+class AutoLockRenewTimeout(ServiceBusError):
+    pass
+
+
+class MessageAlreadySettled(ValueError):
+    """The message was settled already; a message is settled once."""
+
+    def __init__(self, action: str = "settle") -> None:
+        super().__init__(
+            f"Unable to {action}: the message has already been settled "
+            "(completed, abandoned, dead-lettered or deferred)."
+        )

@@ -1,0 +1,117 @@
+"""Messages as the azure-servicebus SDK shapes them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import json
+from typing import Any
+
+MAX_ID_LENGTH = 128
+PropertyValue = str | int | float | bool | None
+
+
+class ServiceBusMessageState(enum.IntEnum):
+    ACTIVE = 0
+    DEFERRED = 1
+    SCHEDULED = 2
+
+
+class ServiceBusMessage:
+    """A message to send. ``body`` is ``str`` (sent as UTF-8) or ``bytes``."""
+
+    def __init__(
+        self,
+        body: str | bytes | None,
+        *,
+        application_properties: dict[str, PropertyValue] | None = None,
+        session_id: str | None = None,
+        message_id: str | None = None,
+        scheduled_enqueue_time_utc: dt.datetime | None = None,
+        time_to_live: dt.timedelta | None = None,
+        content_type: str | None = None,
+        correlation_id: str | None = None,
+        subject: str | None = None,
+        partition_key: str | None = None,
+        to: str | None = None,
+        reply_to: str | None = None,
+        reply_to_session_id: str | None = None,
+    ) -> None:
+        if body is None:
+            body = b""
+        if not isinstance(body, str | bytes | bytearray | memoryview):
+            raise TypeError(f"message body must be str or bytes, not {type(body).__name__}")
+        self.body: bytes = body.encode() if isinstance(body, str) else bytes(body)
+        for name, value in (("message_id", message_id), ("session_id", session_id),
+                            ("partition_key", partition_key)):
+            if value is not None and len(value) > MAX_ID_LENGTH:
+                raise ValueError(f"{name} is {len(value)} characters; at most "
+                                 f"{MAX_ID_LENGTH} are allowed")
+        self.application_properties = dict(application_properties or {})
+        try:
+            json.dumps(self.application_properties)
+        except (TypeError, ValueError) as exc:
+            raise TypeError("application_properties values must be str, int, float, bool "
+                            f"or None: {exc}") from None
+        self.session_id = session_id
+        self.message_id = message_id
+        self.scheduled_enqueue_time_utc = scheduled_enqueue_time_utc
+        self.time_to_live = time_to_live
+        self.content_type = content_type
+        self.correlation_id = correlation_id
+        self.subject = subject
+        self.partition_key = partition_key
+        self.to = to
+        self.reply_to = reply_to
+        self.reply_to_session_id = reply_to_session_id
+
+    def __str__(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(message_id={self.message_id!r}, body={self.body[:40]!r})"
+
+
+class ServiceBusReceivedMessage(ServiceBusMessage):
+    """A received message; settle it through the receiver that received it."""
+
+    def __init__(self, body: bytes, **kwargs: Any) -> None:
+        super().__init__(body, **{k: kwargs.pop(k) for k in list(kwargs) if k in _SEND_FIELDS})
+        self.lock_token: str | None = kwargs.get("lock_token")
+        self.locked_until_utc: dt.datetime | None = kwargs.get("locked_until_utc")
+        self.delivery_count: int = kwargs.get("delivery_count", 0)
+        self.sequence_number: int = kwargs["sequence_number"]
+        self.enqueued_sequence_number: int = self.sequence_number
+        self.enqueued_time_utc: dt.datetime | None = kwargs.get("enqueued_time_utc")
+        self.dead_letter_reason: str | None = kwargs.get("dead_letter_reason")
+        self.dead_letter_error_description: str | None = kwargs.get("dead_letter_error_description")
+        self.dead_letter_source: str | None = kwargs.get("dead_letter_source")
+        self.state: ServiceBusMessageState = kwargs.get("state", ServiceBusMessageState.ACTIVE)
+        self.malformed_reason: str | None = kwargs.get("malformed_reason")
+        self._settled = False
+        self._receiver: Any = None
+
+    @property
+    def expires_at_utc(self) -> dt.datetime | None:
+        if self.time_to_live is None or self.enqueued_time_utc is None:
+            return None
+        return self.enqueued_time_utc + self.time_to_live
+
+    @property
+    def partition(self) -> int:
+        return self.sequence_number >> 40
+
+    @property
+    def offset(self) -> int:
+        return self.sequence_number & ((1 << 40) - 1)
+
+    def __repr__(self) -> str:
+        return (f"ServiceBusReceivedMessage(sequence_number={self.sequence_number}, "
+                f"message_id={self.message_id!r}, delivery_count={self.delivery_count})")
+
+
+_SEND_FIELDS = frozenset({
+    "application_properties", "session_id", "message_id", "scheduled_enqueue_time_utc",
+    "time_to_live", "content_type", "correlation_id", "subject", "partition_key", "to",
+    "reply_to", "reply_to_session_id",
+})

@@ -1,0 +1,82 @@
+"""The engine's Faust app, its topics and its table.
+
+Configured from the environment so that ``faust -A streams.app worker`` and
+``settlement worker`` build the same app:
+
+* ``SETTLEMENT_CONNECTION_STRING`` (required): ``Endpoint=kafka://...;Namespace=...``
+* ``SETTLEMENT_DATA_DIR``: where RocksDB keeps the tables (default ``./data/engine``)
+* ``SETTLEMENT_WEB_PORT``: Faust's web server port (disabled when unset)
+* ``SETTLEMENT_TIMER_INTERVAL``: seconds between lock-expiry sweeps (default 0.5)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import faust
+
+from streams import kafka_tuning
+from topics import names, specs
+from topics.connection import parse_connection_string
+
+_conn = os.environ.get("SETTLEMENT_CONNECTION_STRING")
+if not _conn:
+    raise RuntimeError(
+        "SETTLEMENT_CONNECTION_STRING is not set: run the engine with "
+        "'settlement worker --connection-string \"Endpoint=kafka://HOST:PORT;Namespace=NAME\"'"
+    )
+settings = parse_connection_string(_conn)
+kafka_tuning.apply(settings)
+namespace = settings.namespace
+_web_port = os.environ.get("SETTLEMENT_WEB_PORT")
+timer_interval = float(os.environ.get("SETTLEMENT_TIMER_INTERVAL", "0.5"))
+
+app = faust.App(
+    names.engine_app_id(namespace),
+    broker=[f"kafka://{host}" for host in settings.bootstrap_servers.split(",")],
+    store="rocksdb://",
+    datadir=Path(os.environ.get("SETTLEMENT_DATA_DIR", "data/engine")),
+    topic_partitions=specs.ENGINE_PARTITIONS,
+    topic_allow_declare=True,
+    autodiscover=False,
+    web_enabled=_web_port is not None,
+    web_port=int(_web_port or 6066),
+    # Short group timeouts: Tansu holds a JoinGroup for half the session
+    # timeout, and a restarted worker must get its partitions back quickly.
+    broker_session_timeout=6,
+    broker_heartbeat_interval=1,
+    broker_rebalance_timeout=20,
+    broker_commit_interval=1.0,
+    consumer_auto_offset_reset="earliest",
+    producer_acks=-1,
+    producer_linger_ms=1,
+    table_standby_replicas=0,
+    stream_wait_empty=False,
+)
+
+commands_topic = app.topic(
+    names.commands(namespace), key_type=bytes, value_type=bytes,
+    key_serializer="raw", value_serializer="raw", partitions=specs.ENGINE_PARTITIONS,
+)
+replies_topic = app.topic(
+    names.replies(namespace), key_type=bytes, value_type=bytes,
+    key_serializer="raw", value_serializer="raw", partitions=specs.REPLY_PARTITIONS,
+)
+events_topic = app.topic(
+    names.events(namespace), key_type=bytes, value_type=bytes,
+    key_serializer="raw", value_serializer="raw", partitions=specs.ENGINE_PARTITIONS,
+)
+state_topic = app.topic(
+    names.state(namespace), key_type=bytes, value_type=bytes,
+    key_serializer="raw", value_serializer="raw", partitions=specs.ENGINE_PARTITIONS,
+)
+
+#: entity#partition -> serialized :class:`streams.window.InflightWindow`.
+windows = app.Table(
+    "windows", default=None, key_type=bytes, value_type=bytes,
+    key_serializer="raw", value_serializer="raw", partitions=specs.ENGINE_PARTITIONS,
+)
+
+
+from streams import command_agent, lock_timer  # noqa: E402,F401  (registers agent and timer)

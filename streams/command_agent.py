@@ -1,0 +1,123 @@
+"""The agent that answers every command: acquire, settle, expire, stats, drop.
+
+One command record carries a whole batch of offsets, so one Faust event and one
+table write serve many messages. The answer to a command is sent only after
+the window state it produced has been acknowledged by Kafka (the changelog
+record is flushed first): a client that got an answer can rely on it after any
+crash of the engine. State whose flush did not complete belongs to commands
+nobody got an answer to, which clients retry under the same command id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from faust.types import EventT, StreamT
+
+from streams.app import app, commands_topic, events_topic, replies_topic, state_topic, windows
+from streams.window import Event, InflightWindow
+from topics.commands import (
+    Command,
+    CommandError,
+    Reply,
+    ReplyAddress,
+    command_partition,
+    decode_command,
+    encode_reply,
+)
+
+log = logging.getLogger(__name__)
+_pending: asyncio.Queue[tuple[ReplyAddress, Reply]] = asyncio.Queue()
+
+
+@app.agent(commands_topic)
+async def process_commands(stream: StreamT) -> None:
+    async for event in stream.events():
+        try:
+            await _handle(event)
+        except Exception:  # never let one record stop the engine
+            log.exception("command at %s[%d]@%d failed", event.message.topic,
+                          event.message.partition, event.message.offset)
+
+
+async def _handle(event: EventT) -> None:
+    try:
+        cmd = decode_command(event.value)
+    except CommandError as exc:
+        log.warning("rejected command at partition %d offset %d: %s",
+                    event.message.partition, event.message.offset, exc)
+        if exc.reply is not None and exc.command_id:
+            _answer(exc.reply, Reply(exc.command_id, exc.reply.client, False,
+                                     error_code="BadCommand", error_message=str(exc)))
+        return
+    key = cmd.window_key.encode()
+    partitions = app.consumer.topic_partitions(commands_topic.get_topic_name()) or 0
+    if event.key != key or (partitions and event.message.partition
+                            != command_partition(cmd.window_key, partitions)):
+        _reject(cmd, "Misrouted", f"command for window {cmd.window_key} must be keyed by it "
+                f"and sent to partition {command_partition(cmd.window_key, partitions or 1)}")
+        return
+    if cmd.op == "drop":
+        windows.pop(key, None)
+        _reply_ok(cmd, {})
+        return
+    raw = windows.get(key)
+    try:
+        window = InflightWindow.from_bytes(raw) if raw else InflightWindow(cmd.entity, cmd.partition)
+    except (ValueError, KeyError, TypeError) as exc:
+        log.error("window %s is unreadable (%s); leaving it untouched", cmd.window_key, exc)
+        _reject(cmd, "StateUnreadable", f"the engine cannot read the state of {cmd.window_key}")
+        return
+    outcome = window.apply(cmd, int(time.time() * 1000))
+    if outcome.changed:
+        windows[key] = window.to_bytes()
+        await _publish(window, outcome.events)
+    _reply_ok(cmd, outcome.result)
+
+
+async def _publish(window: InflightWindow, events: list[Event]) -> None:
+    """Settlement events (one record per kind) and the window's new summary."""
+    now = int(time.time() * 1000)
+    key = f"{window.entity}#{window.partition}".encode()
+    for ev in events:
+        record: dict[str, Any] = {"type": ev.type, "entity": window.entity,
+                                  "partition": window.partition, "offsets": ev.offsets,
+                                  "count": ev.count, "ts": now, **ev.extra}
+        await events_topic.send(key=key, value=json.dumps(record).encode())
+    await state_topic.send(key=key, value=json.dumps({**window.summary(), "ts": now}).encode())
+
+
+def _reply_ok(cmd: Command, result: dict[str, Any]) -> None:
+    if cmd.reply is not None:
+        _answer(cmd.reply, Reply(cmd.id, cmd.reply.client, True, result))
+
+
+def _reject(cmd: Command, code: str, message: str) -> None:
+    log.warning("command %s (%s on %s): %s", cmd.id, cmd.op, cmd.window_key, message)
+    if cmd.reply is not None:
+        _answer(cmd.reply, Reply(cmd.id, cmd.reply.client, False,
+                                 error_code=code, error_message=message))
+
+
+def _answer(address: ReplyAddress, reply: Reply) -> None:
+    _pending.put_nowait((address, reply))
+
+
+@app.task
+async def send_replies() -> None:
+    """Flush state, then answer: batches every reply that queued meanwhile."""
+    while True:
+        batch = [await _pending.get()]
+        while not _pending.empty():
+            batch.append(_pending.get_nowait())
+        try:
+            await app.producer.flush()
+            for address, reply in batch:
+                await replies_topic.send(key=reply.client.encode(), value=encode_reply(reply),
+                                         partition=address.partition)
+        except Exception:
+            log.exception("could not answer %d commands; their senders will retry", len(batch))

@@ -1,0 +1,343 @@
+"""The in-flight window of one entity partition: the engine's state machine.
+
+Payloads stay in the entity's log; the engine only tracks offsets. For each
+entity partition it keeps
+
+* ``start``: every offset below it is settled or parked;
+* ``next``: the first offset never handed out;
+* ``hw``: the highest log end a receiver has reported;
+* ``slots``: offsets in ``[start, next)`` still in play, each
+  ``[state, delivery_count, lock_batch, locked_until_ms]``;
+* ``parked``: deferred and dead-lettered offsets, which may stay for a long
+  time and so live outside the ``start``..``next`` run, each
+  ``[state, delivery_count, lock_batch, locked_until_ms, reason, description, source]``.
+
+Every operation is deterministic given the command and ``now``, and a command
+id seen before returns its first answer, so the engine can re-process
+commands after a crash (Kafka delivers them at least once) without granting or
+settling anything twice. Nothing here knows Faust or Kafka; the engine's agent
+loads a window, applies a command, stores it and sends the answer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from topics.commands import Command, batch_id, lock_token, parse_lock_token
+
+# Slot states (one letter keeps the stored window small).
+LOCKED = "L"        # handed out under a peek-lock
+AVAILABLE = "A"     # abandoned or lapsed: redelivered before fresh offsets
+COMPLETED = "C"     # settled; dropped as soon as ``start`` passes it
+DEFERRED = "D"      # parked until fetched by sequence number
+DEFERRED_LOCKED = "d"
+DEAD = "X"          # in the dead-letter sub-queue
+DEAD_LOCKED = "x"
+
+MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
+_RECENT = 64        # command ids remembered per window for idempotent replays
+
+
+@dataclass
+class Event:
+    """A settlement event for ``NS.__events``; one per kind per command."""
+
+    type: str
+    offsets: list[int]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return int(self.extra.get("count", len(self.offsets)))
+
+
+@dataclass
+class Outcome:
+    result: dict[str, Any]
+    events: list[Event]
+    changed: bool = True
+
+
+class InflightWindow:
+    """In-flight offsets of one entity partition, and their state transitions."""
+
+    def __init__(self, entity: str, partition: int) -> None:
+        self.entity = entity
+        self.partition = partition
+        self.start = 0
+        self.next = 0
+        self.hw = 0
+        self.slots: dict[int, list[Any]] = {}
+        self.parked: dict[int, list[Any]] = {}
+        self.recent: dict[str, Any] = {}
+        self.lock_ms = 60_000
+        self.max_delivery = 10
+        self.totals: dict[str, int] = {}
+
+    # ----------------------------------------------------------------- storage
+    def to_bytes(self) -> bytes:
+        """``b"<wake_ms>\\n<json>"``: the timer reads only the first line."""
+        body = {
+            "entity": self.entity, "partition": self.partition, "start": self.start,
+            "next": self.next, "hw": self.hw, "lock_ms": self.lock_ms,
+            "max_delivery": self.max_delivery, "totals": self.totals,
+            "slots": [[o, *s] for o, s in self.slots.items()],
+            "parked": [[o, *s] for o, s in self.parked.items()],
+            "recent": list(self.recent.items()),
+        }
+        wake = self.wake_at()
+        head = b"-" if wake is None else str(wake).encode()
+        return head + b"\n" + json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> InflightWindow:
+        body = json.loads(raw.partition(b"\n")[2])
+        win = cls(body["entity"], body["partition"])
+        win.start, win.next, win.hw = body["start"], body["next"], body["hw"]
+        win.lock_ms, win.max_delivery = body["lock_ms"], body["max_delivery"]
+        win.totals = body["totals"]
+        win.slots = {s[0]: s[1:] for s in body["slots"]}
+        win.parked = {p[0]: p[1:] for p in body["parked"]}
+        win.recent = dict((k, v) for k, v in body["recent"])
+        return win
+
+    @staticmethod
+    def wake_of(raw: bytes) -> int | None:
+        """When the stored window next has a lock to lapse, without parsing it."""
+        head = raw.partition(b"\n")[0]
+        return None if head in (b"-", b"") else int(head)
+
+    def wake_at(self) -> int | None:
+        untils = [s[3] for s in self.slots.values() if s[0] == LOCKED]
+        untils += [p[3] for p in self.parked.values() if p[0] in (DEFERRED_LOCKED, DEAD_LOCKED)]
+        return min(untils) if untils else None
+
+    # -------------------------------------------------------------- dispatcher
+    def apply(self, cmd: Command, now: int) -> Outcome:
+        """Apply one command; a command id seen before returns its first answer."""
+        if cmd.policy is not None:  # the timer's expire commands carry none
+            self.lock_ms, self.max_delivery = cmd.policy.lock_ms, cmd.policy.max_delivery
+        if cmd.id in self.recent:
+            return Outcome(self._replay(cmd), [], changed=False)
+        events = self._expire(now)
+        if cmd.op == "acquire":
+            result = self._acquire(cmd, now, events)
+        elif cmd.op == "acquire_deferred":
+            result = self._acquire_deferred(cmd, now, events)
+        elif cmd.op == "settle":
+            result = self._settle(cmd, now, events)
+        elif cmd.op == "stats":
+            self._see_hw(cmd.args["hw"], events)
+            result = self.stats()
+        else:  # expire: the lapse above is all it asks for
+            result = {}
+        if cmd.op in ("acquire", "acquire_deferred", "settle"):
+            self._remember(cmd.id, result)
+        self._advance_start()
+        for ev in events:
+            self.totals[ev.type] = self.totals.get(ev.type, 0) + ev.count
+        return Outcome(result, events, changed=bool(events) or cmd.op != "stats")
+
+    def _remember(self, cmd_id: str, result: dict[str, Any]) -> None:
+        if "grants" in result:  # acquires are rebuilt from their lock batch
+            deleted = [g[0] for g in result["grants"] if g[1] is None]
+            stored: Any = {"deleted": deleted} if deleted else None
+        else:
+            stored = result
+        self.recent[cmd_id] = stored
+        while len(self.recent) > _RECENT:
+            del self.recent[next(iter(self.recent))]
+
+    def _replay(self, cmd: Command) -> dict[str, Any]:
+        stored = self.recent[cmd.id]
+        if cmd.op not in ("acquire", "acquire_deferred"):
+            return stored
+        batch = batch_id(cmd.id)
+        grants = [self._grant(o, s) for o, s in sorted(self.slots.items())
+                  if s[0] == LOCKED and s[2] == batch]
+        grants += [self._grant(o, p) for o, p in sorted(self.parked.items())
+                   if p[0] in (DEFERRED_LOCKED, DEAD_LOCKED) and p[2] == batch]
+        if stored and stored.get("deleted"):
+            grants += [[o, None, 0, 0, None, None, None, "active"] for o in stored["deleted"]]
+        return {"grants": grants, "next": self.next}
+
+    # ------------------------------------------------------------------- lapse
+    def _expire(self, now: int) -> list[Event]:
+        """Lapse every lock that ended: a lapse counts as a delivery."""
+        lapsed = [o for o, s in self.slots.items() if s[0] == LOCKED and s[3] <= now]
+        events: list[Event] = []
+        self._release(lapsed, events, "lock_expired")
+        back = {DEFERRED_LOCKED: DEFERRED, DEAD_LOCKED: DEAD}
+        unparked = [o for o, p in self.parked.items() if p[0] in back and p[3] <= now]
+        for o in unparked:
+            self.parked[o][0] = back[self.parked[o][0]]
+        if unparked:
+            events.append(Event("lock_expired", unparked))
+        return events
+
+    def _release(self, offsets: list[int], events: list[Event], kind: str | None) -> None:
+        """Make locked offsets available again, or dead-letter the ones that
+        have used up their deliveries."""
+        back, dead = [], []
+        for o in offsets:
+            slot = self.slots[o]
+            if slot[1] >= self.max_delivery:
+                dead.append(o)
+            else:
+                slot[0] = AVAILABLE
+                back.append(o)
+        if back and kind:
+            events.append(Event(kind, back))
+        if dead:
+            description = (f"message was delivered {self.max_delivery} times "
+                           f"(max_delivery_count {self.max_delivery}) without being settled")
+            self._dead_letter(dead, MAX_DELIVERY_REASON, description, events)
+
+    def _dead_letter(self, offsets: list[int], reason: str | None, description: str | None,
+                     events: list[Event]) -> None:
+        for o in offsets:
+            slot = self.slots.pop(o, None) or self.parked.pop(o)
+            self.parked[o] = [DEAD, slot[1], 0, 0, reason, description, self.entity]
+        events.append(Event("dead_lettered", offsets,
+                            {"reason": reason, "description": description}))
+
+    # ----------------------------------------------------------------- acquire
+    def _see_hw(self, hw: int, events: list[Event]) -> None:
+        first = max(self.hw, self.next)
+        if hw > first:
+            events.append(Event("enqueued", [], {"first": first, "count": hw - first}))
+        self.hw = max(self.hw, hw)
+
+    def _grant(self, offset: int, entry: list[Any]) -> list[Any]:
+        sub = "deadletter" if entry[0] == DEAD_LOCKED else "active"
+        extra = entry[4:7] if len(entry) > 4 else [None, None, None]
+        state = "deferred" if entry[0] == DEFERRED_LOCKED else sub
+        return [offset, lock_token(entry[2], offset), entry[3], entry[1], *extra, state]
+
+    def _acquire(self, cmd: Command, now: int, events: list[Event]) -> dict[str, Any]:
+        self._see_hw(cmd.args["hw"], events)
+        want, batch = cmd.args["max"], batch_id(cmd.id)
+        until = now + self.lock_ms
+        if cmd.args["sub"] == "deadletter":
+            picked = [o for o, p in sorted(self.parked.items()) if p[0] == DEAD][:want]
+            for o in picked:
+                entry = self.parked[o]
+                entry[0], entry[1], entry[2], entry[3] = DEAD_LOCKED, entry[1] + 1, batch, until
+            if picked:
+                events.append(Event("locked", picked, {"sub": "deadletter", "until": until}))
+            return {"grants": [self._grant(o, self.parked[o]) for o in picked], "next": self.next}
+        picked = [o for o, s in sorted(self.slots.items()) if s[0] == AVAILABLE][:want]
+        fresh_end = min(self.hw, self.next + want - len(picked))
+        for o in range(self.next, fresh_end):
+            self.slots[o] = [AVAILABLE, 0, 0, 0]
+            picked.append(o)
+        self.next = max(self.next, fresh_end)
+        if cmd.args["mode"] == "receive_and_delete":
+            for o in picked:
+                self.slots[o] = [COMPLETED, self.slots[o][1] + 1, 0, 0]
+            if picked:
+                events.append(Event("received_and_deleted", picked))
+            return {"grants": [[o, None, 0, self.slots[o][1], None, None, None, "active"]
+                               for o in picked], "next": self.next}
+        for o in picked:
+            slot = self.slots[o]
+            slot[0], slot[1], slot[2], slot[3] = LOCKED, slot[1] + 1, batch, until
+        if picked:
+            events.append(Event("locked", picked, {"until": until}))
+        return {"grants": [self._grant(o, self.slots[o]) for o in picked], "next": self.next}
+
+    def _acquire_deferred(self, cmd: Command, now: int, events: list[Event]) -> dict[str, Any]:
+        batch, until = batch_id(cmd.id), now + self.lock_ms
+        picked = [o for o in sorted(set(cmd.args["offsets"]))
+                  if o in self.parked and self.parked[o][0] == DEFERRED]
+        for o in picked:
+            entry = self.parked[o]
+            entry[0], entry[1], entry[2], entry[3] = DEFERRED_LOCKED, entry[1] + 1, batch, until
+        if picked:
+            events.append(Event("locked", picked, {"sub": "deferred", "until": until}))
+        return {"grants": [self._grant(o, self.parked[o]) for o in picked], "next": self.next}
+
+    # ------------------------------------------------------------------ settle
+    def _held(self, offset: int, token: str) -> list[Any] | None:
+        """The locked entry a token still holds, None when the lock is lost."""
+        parsed = parse_lock_token(token)
+        if parsed is None or parsed[1] != offset:
+            return None
+        entry = self.slots.get(offset) or self.parked.get(offset)
+        if entry is None or entry[0] not in (LOCKED, DEFERRED_LOCKED, DEAD_LOCKED):
+            return None
+        return entry if entry[2] == parsed[0] else None
+
+    def _settle(self, cmd: Command, now: int, events: list[Event]) -> dict[str, Any]:
+        """Settle each item; answer each with ok, lock_lost or invalid."""
+        done: dict[str, list[int]] = {}
+        statuses: list[list[Any]] = []
+        for offset, token, action, reason, description in cmd.args["items"]:
+            entry = self._held(offset, token)
+            if entry is None:
+                statuses.append(["lock_lost", 0])
+                continue
+            if entry[0] == DEAD_LOCKED and action in ("dead_letter", "defer"):
+                statuses.append(["invalid", 0])
+                continue
+            if action == "renew":
+                entry[3] = now + self.lock_ms
+                statuses.append(["ok", entry[3]])
+                done.setdefault("renewed", []).append(offset)
+                continue
+            self._apply_action(offset, entry, action, reason, description, events)
+            statuses.append(["ok", 0])
+            done.setdefault(action, []).append(offset)
+        kinds = {"complete": "completed", "abandon": "abandoned", "defer": "deferred",
+                 "renewed": "renewed"}
+        events.extend(Event(kinds[k], v) for k, v in done.items() if k in kinds)
+        return {"results": statuses}
+
+    def _apply_action(self, offset: int, entry: list[Any], action: str, reason: str | None,
+                      description: str | None, events: list[Event]) -> None:
+        state = entry[0]
+        if action == "complete":
+            if state == LOCKED:
+                entry[0] = COMPLETED
+            else:
+                del self.parked[offset]
+        elif action == "abandon":
+            if state == LOCKED:
+                self._release([offset], events, None)
+            else:
+                entry[0] = DEFERRED if state == DEFERRED_LOCKED else DEAD
+        elif action == "dead_letter":
+            self._dead_letter([offset], reason, description, events)
+        elif action == "defer":
+            self.slots.pop(offset, None)
+            self.parked[offset] = [DEFERRED, entry[1], 0, 0, None, None, None]
+
+    def _advance_start(self) -> None:
+        while self.start < self.next:
+            slot = self.slots.get(self.start)
+            if slot is not None and slot[0] != COMPLETED:
+                break
+            self.slots.pop(self.start, None)
+            self.start += 1
+
+    # ------------------------------------------------------------------- stats
+    def stats(self) -> dict[str, int]:
+        """Counts for runtime properties; ``active`` includes locked messages."""
+        in_window = sum(1 for s in self.slots.values() if s[0] != COMPLETED)
+        parked_states = [p[0] for p in self.parked.values()]
+        unseen = max(0, self.hw - self.next)
+        return {
+            "active": in_window + unseen,
+            "locked": sum(1 for s in self.slots.values() if s[0] == LOCKED),
+            "deferred": sum(1 for s in parked_states if s in (DEFERRED, DEFERRED_LOCKED)),
+            "dead_letter": sum(1 for s in parked_states if s in (DEAD, DEAD_LOCKED)),
+            "start": self.start, "next": self.next, "hw": self.hw,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """The compacted state record of this window."""
+        return {"entity": self.entity, "partition": self.partition, **self.stats(),
+                "totals": dict(self.totals)}
+

@@ -1,0 +1,216 @@
+"""Static checks of docker-compose.yml and the Dockerfile.
+
+Docker is not needed (or available) in CI, so these tests parse the files and
+check the properties a deployment silently depends on: a KRaft-mode Kafka
+without ZooKeeper, no topic auto-creation, and every settlement service
+pointing at the broker's advertised listener with one shared connection string.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict) and isinstance(data.get("services"), dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+def _env(service: dict[str, Any]) -> dict[str, str]:
+    """A service's environment as a dict, whichever of the two compose forms it uses."""
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        pairs = (item.split("=", 1) for item in env)
+        return {k: v for k, v in pairs}
+    return {str(k): "" if v is None else str(v) for k, v in env.items()}
+
+
+def _as_argv(value: str | list[Any] | None) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return shlex.split(value)
+    return [str(v) for v in value]
+
+
+def _dockerfile_entrypoint() -> list[str]:
+    match = re.search(r"^ENTRYPOINT\s+(\[.*\])\s*$", DOCKERFILE.read_text(), re.MULTILINE)
+    assert match, "Dockerfile has no exec-form ENTRYPOINT"
+    return yaml.safe_load(match.group(1))
+
+
+def _argv(service: dict[str, Any]) -> list[str]:
+    """The full command line a service runs: entrypoint (compose or Dockerfile) + command."""
+    if "entrypoint" in service:
+        entrypoint = _as_argv(service["entrypoint"])
+    elif "build" in service:
+        entrypoint = _dockerfile_entrypoint()
+    else:
+        entrypoint = []
+    return entrypoint + _as_argv(service.get("command"))
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _depends_on(service: dict[str, Any]) -> set[str]:
+    deps = service.get("depends_on") or []
+    return set(deps) if isinstance(deps, list) else set(deps.keys())
+
+
+def _connection_string_fields(conn: str) -> dict[str, str]:
+    fields = dict(part.split("=", 1) for part in conn.split(";") if part)
+    assert "Endpoint" in fields, f"no Endpoint in {conn!r}"
+    return fields
+
+
+def _listeners(value: str) -> dict[str, str]:
+    """``"PLAINTEXT://kafka:9092,CONTROLLER://:9093"`` -> ``{"PLAINTEXT": "kafka:9092", ...}``."""
+    result = {}
+    for item in value.split(","):
+        name, _, address = item.strip().partition("://")
+        result[name] = address
+    return result
+
+
+def _kafka(services: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    matches = [
+        (name, svc)
+        for name, svc in services.items()
+        if str(svc.get("image", "")).startswith("apache/kafka:")
+    ]
+    assert len(matches) == 1, f"expected one apache/kafka service, found {[n for n, _ in matches]}"
+    return matches[0]
+
+
+def _workers(services: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    return {
+        name: argv
+        for name, svc in services.items()
+        if (argv := _argv(svc))[:2] == ["settlement", "worker"]
+    }
+
+
+def test_kafka_runs_in_kraft_mode(services: dict[str, dict[str, Any]]) -> None:
+    name, kafka = _kafka(services)
+    assert name == "kafka"
+    env = _env(kafka)
+    roles = {r.strip() for r in env["KAFKA_PROCESS_ROLES"].split(",")}
+    assert roles == {"broker", "controller"}
+    node_id = env["KAFKA_NODE_ID"]
+    voters = env["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(",")
+    assert voters == [f"{node_id}@kafka:9093"], voters
+    controller_names = env["KAFKA_CONTROLLER_LISTENER_NAMES"]
+    assert controller_names in _listeners(env["KAFKA_LISTENERS"])
+    assert _listeners(env["KAFKA_LISTENERS"])[controller_names].endswith(":9093")
+    for key in (
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR",
+    ):
+        assert env[key] == "1", f"{key}={env[key]!r}: a single node cannot hold more replicas"
+
+
+def test_no_zookeeper_anywhere(compose: dict[str, Any]) -> None:
+    # The parsed document, so a comment saying "no ZooKeeper" does not count.
+    config = yaml.safe_dump(compose).lower()
+    assert "zookeeper" not in config
+    assert "zk" not in re.findall(r"[a-z]+", config)
+
+
+def test_topic_auto_creation_disabled(services: dict[str, dict[str, Any]]) -> None:
+    _, kafka = _kafka(services)
+    assert _env(kafka)["KAFKA_AUTO_CREATE_TOPICS_ENABLE"].lower() == "false"
+
+
+def test_kafka_has_healthcheck(services: dict[str, dict[str, Any]]) -> None:
+    _, kafka = _kafka(services)
+    test = kafka["healthcheck"]["test"]
+    command = " ".join(test) if isinstance(test, list) else test
+    assert "kafka-broker-api-versions.sh" in command or "kafka-topics.sh" in command
+
+
+def test_worker_points_at_advertised_listener(services: dict[str, dict[str, Any]]) -> None:
+    kafka_name, kafka = _kafka(services)
+    workers = _workers(services)
+    assert workers, "no service runs `settlement worker`"
+    advertised = set(_listeners(_env(kafka)["KAFKA_ADVERTISED_LISTENERS"]).values())
+    for name, argv in workers.items():
+        conn = _option(argv, "--connection-string")
+        assert conn, f"{name} has no --connection-string"
+        endpoint = _connection_string_fields(conn)["Endpoint"]
+        assert endpoint.startswith("kafka://"), endpoint
+        host_port = endpoint.removeprefix("kafka://")
+        assert host_port in advertised, f"{name}: {host_port} not in {advertised}"
+        assert host_port.split(":")[0] == kafka_name
+        assert _option(argv, "--data-dir"), f"{name} has no --data-dir"
+        assert kafka_name in _depends_on(services[name])
+
+
+def test_workers_have_their_own_data_volumes(services: dict[str, dict[str, Any]]) -> None:
+    workers = _workers(services)
+    assert len(workers) >= 2, f"expected two engines, found {sorted(workers)}"
+    mounts = {}
+    for name, argv in workers.items():
+        data_dir = _option(argv, "--data-dir")
+        sources = [
+            str(v).split(":")[0]
+            for v in services[name].get("volumes", [])
+            if str(v).split(":")[1] == data_dir
+        ]
+        assert len(sources) == 1, f"{name}: no volume mounted at {data_dir}"
+        mounts[name] = sources[0]
+    assert len(set(mounts.values())) == len(mounts), f"engines share a data volume: {mounts}"
+
+
+def test_kafka_clients_share_one_connection_string(services: dict[str, dict[str, Any]]) -> None:
+    kafka_name, _ = _kafka(services)
+    clients = {n: s for n, s in services.items() if kafka_name in _depends_on(s)}
+    assert len(clients) >= 3, f"expected engines and monitor to depend on kafka: {sorted(clients)}"
+    seen: dict[str, str] = {}
+    for name, svc in clients.items():
+        env_value = _env(svc).get("SETTLEMENT_CONNECTION_STRING")
+        assert env_value, f"{name} lacks SETTLEMENT_CONNECTION_STRING"
+        seen[f"{name} env"] = env_value
+        arg = _option(_argv(svc), "--connection-string")
+        if arg is not None:
+            seen[f"{name} --connection-string"] = arg
+    assert len(set(seen.values())) == 1, f"connection strings differ: {seen}"
+    assert _connection_string_fields(next(iter(seen.values())))["Namespace"]
+
+
+def test_monitor_service_runs_settlement_monitor(services: dict[str, dict[str, Any]]) -> None:
+    assert _argv(services["spark"])[:2] == ["settlement", "monitor"]
+
+
+def test_dockerfile_installs_java_17_and_the_package() -> None:
+    assert DOCKERFILE.is_file(), "Dockerfile is missing"
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^FROM python:3\.11-slim\b", text, re.MULTILINE)
+    install = re.search(r"apt-get install[^\n]*(\\\n[^\n]*)*", text)
+    assert install and "openjdk-17-jre-headless" in install.group(0)
+    assert re.search(r"pip install[^\n]*\s\.(\s|$)", text)
+    assert _dockerfile_entrypoint() == ["settlement"]

@@ -1,0 +1,254 @@
+"""Wire format of the commands clients send to the engine and of its replies.
+
+One JSON object per record. Commands go to ``NS.__commands`` keyed by window
+key (``entity#partition``) on the partition :func:`command_partition` gives, so
+every command of a window lands on the engine partition that owns it. Replies
+go to ``NS.__replies`` on the partition the command names, keyed by client id.
+
+Command fields (all operations)::
+
+    {"v": 1, "id": "<unique command id>", "op": "<operation>",
+     "entity": "orders", "partition": 0,
+     "reply": {"partition": 3, "client": "<client id>"} | null,
+     "policy": {"lock_ms": 60000, "max_delivery": 10}}
+
+Operations and their own fields:
+
+``acquire``           ``sub`` ("active"|"deadletter"), ``max``, ``mode``
+                      ("peek_lock"|"receive_and_delete"), ``hw`` (log end seen)
+``acquire_deferred``  ``offsets``
+``settle``            ``items``: ``[[offset, lock_token, action, reason, description]]``
+                      with action one of complete, abandon, dead_letter, defer, renew
+``expire``            (from the engine's timer) lapse the locks that ended
+``stats``             ``hw``: counts of the window
+``drop``              forget the window (queue deleted)
+
+A reply is ``{"v": 1, "id": ..., "client": ..., "ok": true, "result": {...}}``
+or ``{"v": 1, "id": ..., "client": ..., "ok": false, "error": {"code", "message"}}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+VERSION = 1
+OPERATIONS = frozenset({"acquire", "acquire_deferred", "settle", "expire", "stats", "drop"})
+ACTIONS = frozenset({"complete", "abandon", "dead_letter", "defer", "renew"})
+SUB_QUEUES = frozenset({"active", "deadletter"})
+MODES = frozenset({"peek_lock", "receive_and_delete"})
+MAX_LOCK_MS = 5 * 60 * 1000
+MAX_ACQUIRE = 5000
+MAX_TEXT = 4096
+
+
+class CommandError(ValueError):
+    """A command record that does not follow this format."""
+
+    def __init__(self, message: str, command_id: str | None = None,
+                 reply: ReplyAddress | None = None) -> None:
+        super().__init__(message)
+        self.command_id = command_id
+        self.reply = reply
+
+
+@dataclass(frozen=True)
+class ReplyAddress:
+    partition: int
+    client: str
+
+
+@dataclass(frozen=True)
+class Policy:
+    lock_ms: int = 60_000
+    max_delivery: int = 10
+
+
+@dataclass
+class Command:
+    id: str
+    op: str
+    entity: str
+    partition: int
+    reply: ReplyAddress | None = None
+    policy: Policy | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def window_key(self) -> str:
+        return f"{self.entity}#{self.partition}"
+
+
+@dataclass
+class Reply:
+    id: str
+    client: str
+    ok: bool
+    result: dict[str, Any] = field(default_factory=dict)
+    error_code: str = ""
+    error_message: str = ""
+
+
+def command_partition(window_key: str, partitions: int) -> int:
+    """The commands-topic partition of a window; clients and engine agree on it."""
+    return zlib.crc32(window_key.encode()) % partitions
+
+
+def encode_command(cmd: Command) -> bytes:
+    body: dict[str, Any] = {
+        "v": VERSION, "id": cmd.id, "op": cmd.op, "entity": cmd.entity,
+        "partition": cmd.partition,
+        "reply": None if cmd.reply is None else {"partition": cmd.reply.partition,
+                                                  "client": cmd.reply.client},
+        "policy": None if cmd.policy is None else {"lock_ms": cmd.policy.lock_ms,
+                                                    "max_delivery": cmd.policy.max_delivery},
+    }
+    body.update(cmd.args)
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _int(obj: dict[str, Any], key: str, low: int, high: int) -> int:
+    value = obj.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise CommandError(f"field {key!r} must be an integer in [{low}, {high}], got {value!r}")
+    return value
+
+
+def decode_command(raw: bytes | None) -> Command:
+    """Parse and validate a command; raise CommandError naming what is wrong.
+
+    When the id and reply address could be read they ride on the error, so the
+    engine can still answer the sender of a malformed command.
+    """
+    try:
+        obj = json.loads(raw or b"")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CommandError(f"command is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise CommandError("command must be a JSON object")
+    cmd_id = obj.get("id") if isinstance(obj.get("id"), str) else None
+    reply = None
+    rep = obj.get("reply")
+    if isinstance(rep, dict) and isinstance(rep.get("client"), str):
+        if isinstance(rep.get("partition"), int) and rep["partition"] >= 0:
+            reply = ReplyAddress(rep["partition"], rep["client"])
+    try:
+        if obj.get("v") != VERSION:
+            raise CommandError(f"unsupported command version {obj.get('v')!r}, expected {VERSION}")
+        if not cmd_id or len(cmd_id) > 100:
+            raise CommandError("field 'id' must be a non-empty string of at most 100 characters")
+        op = obj.get("op")
+        if op not in OPERATIONS:
+            raise CommandError(f"unknown operation {op!r}; expected one of {sorted(OPERATIONS)}")
+        entity = obj.get("entity")
+        if not isinstance(entity, str) or not entity or len(entity) > 200:
+            raise CommandError("field 'entity' must be a non-empty string")
+        partition = _int(obj, "partition", 0, 1 << 20)
+        pol = obj.get("policy")
+        if pol is not None and not isinstance(pol, dict):
+            raise CommandError("field 'policy' must be an object")
+        policy = None if pol is None else Policy(_int(pol, "lock_ms", 1000, MAX_LOCK_MS),
+                                                 _int(pol, "max_delivery", 1, 1 << 30))
+        args = _decode_args(op, obj)
+    except CommandError as exc:
+        raise CommandError(str(exc), cmd_id, reply) from None
+    return Command(cmd_id, op, entity, partition, reply, policy, args)
+
+
+def _decode_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
+    if op == "acquire":
+        if obj.get("sub") not in SUB_QUEUES:
+            raise CommandError(f"field 'sub' must be one of {sorted(SUB_QUEUES)}")
+        if obj.get("mode") not in MODES:
+            raise CommandError(f"field 'mode' must be one of {sorted(MODES)}")
+        return {"sub": obj["sub"], "mode": obj["mode"], "max": _int(obj, "max", 1, MAX_ACQUIRE),
+                "hw": _int(obj, "hw", 0, 1 << 62)}
+    if op == "acquire_deferred":
+        offsets = obj.get("offsets")
+        if not isinstance(offsets, list) or not offsets or len(offsets) > MAX_ACQUIRE or not all(
+            isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets
+        ):
+            raise CommandError("field 'offsets' must be a non-empty list of offsets")
+        return {"offsets": offsets}
+    if op == "settle":
+        return {"items": _decode_items(obj.get("items"))}
+    if op == "stats":
+        return {"hw": _int(obj, "hw", 0, 1 << 62)}
+    return {}
+
+
+def _decode_items(items: Any) -> list[list[Any]]:
+    if not isinstance(items, list) or not items or len(items) > MAX_ACQUIRE:
+        raise CommandError(f"field 'items' must be a list of 1..{MAX_ACQUIRE} settlements")
+    out = []
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 5):
+            raise CommandError("each settlement must be [offset, lock_token, action, reason, description]")
+        offset, token, action, reason, description = item
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise CommandError(f"settlement offset must be a non-negative integer, got {offset!r}")
+        if not isinstance(token, str) or len(token) > 64:
+            raise CommandError("settlement lock_token must be a string")
+        if action not in ACTIONS:
+            raise CommandError(f"settlement action {action!r} is not one of {sorted(ACTIONS)}")
+        for text in (reason, description):
+            if text is not None and (not isinstance(text, str) or len(text) > MAX_TEXT):
+                raise CommandError(f"dead-letter reason/description must be text of at most {MAX_TEXT} characters")
+        out.append([offset, token, action, reason, description])
+    return out
+
+
+def encode_reply(reply: Reply) -> bytes:
+    body: dict[str, Any] = {"v": VERSION, "id": reply.id, "client": reply.client, "ok": reply.ok}
+    if reply.ok:
+        body["result"] = reply.result
+    else:
+        body["error"] = {"code": reply.error_code, "message": reply.error_message}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_reply(raw: bytes | None) -> Reply | None:
+    """Parse a reply; None for a record that is not one (it is then ignored)."""
+    try:
+        obj = json.loads(raw or b"")
+        if not isinstance(obj, dict) or obj.get("v") != VERSION:
+            return None
+        if obj.get("ok"):
+            return Reply(str(obj["id"]), str(obj["client"]), True, dict(obj.get("result") or {}))
+        err = obj.get("error") or {}
+        return Reply(str(obj["id"]), str(obj["client"]), False,
+                     error_code=str(err.get("code", "")), error_message=str(err.get("message", "")))
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def lock_token(batch: int, offset: int) -> str:
+    """A lock token: a UUID naming the acquire (batch) and the offset it locks.
+
+    Tokens are derived, not stored: the engine keeps one batch id per locked
+    offset and recomputes the token to check a settlement.
+    """
+    return str(uuid.UUID(int=((batch & _BATCH_MASK) << 64) | (offset & _OFFSET_MASK)))
+
+
+def parse_lock_token(token: str) -> tuple[int, int] | None:
+    """``(batch, offset)`` of a token, None for a string that is not a lock token."""
+    try:
+        value = uuid.UUID(token).int
+    except (ValueError, AttributeError, TypeError):
+        return None
+    return value >> 64, value & _OFFSET_MASK
+
+
+def batch_id(command_id: str) -> int:
+    """The lock batch of an acquire, derived from its command id so that
+    processing the same command twice grants the very same locks."""
+    return int.from_bytes(hashlib.blake2b(command_id.encode(), digest_size=6).digest(), "big")
+
+
+_BATCH_MASK = (1 << 64) - 1
+_OFFSET_MASK = (1 << 64) - 1

@@ -1,0 +1,98 @@
+"""Connection strings: ``Endpoint=kafka://HOST:PORT[,HOST:PORT];Namespace=NAME``.
+
+The shape follows Service Bus connection strings so that ported code only
+changes the string. Optional keys:
+
+* ``FetchMaxWaitMs``: how long a fetch may wait for data. Real Kafka answers a
+  waiting fetch as soon as data arrives, so the default (500 ms) costs nothing
+  there; the embedded broker (Tansu) does not, so its profile sets 10 ms.
+* ``SecurityProtocol``, ``SaslMechanism``, ``SaslUsername``, ``SaslPassword``,
+  ``SslCaLocation``: passed to Kafka clients as their librdkafka names.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from topics.names import validate_namespace
+
+_SECURITY_KEYS = {
+    "securityprotocol": "security.protocol",
+    "saslmechanism": "sasl.mechanism",
+    "saslusername": "sasl.username",
+    "saslpassword": "sasl.password",
+    "sslcalocation": "ssl.ca.location",
+}
+_HOSTPORT = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
+
+
+class ConnectionStringError(ValueError):
+    """The connection string cannot be parsed; the message says which part."""
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """What a connection string says: where Kafka is and which namespace to use."""
+
+    bootstrap_servers: str
+    namespace: str
+    fetch_max_wait_ms: int = 500
+    security: dict[str, str] = field(default_factory=dict)
+
+    def kafka_config(self) -> dict[str, str]:
+        """librdkafka settings every client of this namespace starts from."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.security}
+
+    def consumer_config(self, group_id: str) -> dict[str, object]:
+        """A consumer that is only ever assigned partitions and never commits."""
+        return {
+            **self.kafka_config(),
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "fetch.wait.max.ms": self.fetch_max_wait_ms,
+            "fetch.error.backoff.ms": min(self.fetch_max_wait_ms, 100),
+            "auto.offset.reset": "earliest",
+        }
+
+    def to_string(self) -> str:
+        """The connection string that parses back to these settings."""
+        parts = [f"Endpoint=kafka://{self.bootstrap_servers}", f"Namespace={self.namespace}"]
+        parts.append(f"FetchMaxWaitMs={self.fetch_max_wait_ms}")
+        inverse = {v: k for k, v in _SECURITY_KEYS.items()}
+        parts += [f"{inverse[k]}={v}" for k, v in self.security.items()]
+        return ";".join(parts)
+
+
+def parse_connection_string(conn_str: str) -> ConnectionSettings:
+    """Parse ``Endpoint=kafka://...;Namespace=...``; raise ConnectionStringError."""
+    if not conn_str or not isinstance(conn_str, str):
+        raise ConnectionStringError(
+            "connection string is empty: use 'Endpoint=kafka://HOST:PORT;Namespace=NAME'"
+        )
+    values: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in conn_str.split(";"))):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise ConnectionStringError(f"connection string part {part!r} has no '='")
+        values[key.strip().lower()] = value.strip()
+    endpoint = values.pop("endpoint", "")
+    if not endpoint.startswith("kafka://"):
+        raise ConnectionStringError(
+            f"Endpoint must start with kafka:// (got {endpoint!r}); "
+            "use 'Endpoint=kafka://HOST:PORT[,HOST:PORT];Namespace=NAME'"
+        )
+    hosts = [h.strip() for h in endpoint[len("kafka://"):].rstrip("/").split(",") if h.strip()]
+    bad = [h for h in hosts if not _HOSTPORT.match(h)]
+    if not hosts or bad:
+        raise ConnectionStringError(f"Endpoint needs HOST:PORT pairs, got {bad or endpoint!r}")
+    namespace = values.pop("namespace", "")
+    validate_namespace(namespace)
+    fetch_wait = values.pop("fetchmaxwaitms", "500")
+    if not fetch_wait.isdigit() or not 1 <= int(fetch_wait) <= 10_000:
+        raise ConnectionStringError(f"FetchMaxWaitMs must be 1..10000 ms, got {fetch_wait!r}")
+    security = {_SECURITY_KEYS[k]: values.pop(k) for k in list(values) if k in _SECURITY_KEYS}
+    if values:
+        raise ConnectionStringError(f"unknown connection string keys: {sorted(values)}")
+    return ConnectionSettings(",".join(hosts), namespace, int(fetch_wait), security)

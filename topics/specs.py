@@ -1,0 +1,93 @@
+"""Partitions, cleanup policy and retention of every topic, and provisioning.
+
+Entity logs keep everything (``retention.ms=-1``): a time-based retention could
+delete a message nobody has settled, which would break "a message whose send
+returned is never lost". The engine may later advance a log's start with
+DeleteRecords up to the oldest unsettled offset where the broker supports it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from topics import names
+
+log = logging.getLogger(__name__)
+
+ENGINE_PARTITIONS = 8
+REPLY_PARTITIONS = 8
+_DAY_MS = 24 * 3600 * 1000
+
+
+class ProvisioningError(RuntimeError):
+    """A topic could not be created or exists with an incompatible shape."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: dict[str, str] = field(default_factory=dict)
+
+
+def namespace_topics(namespace: str) -> list[TopicSpec]:
+    """Topics the engine and every client of a namespace share."""
+    compact = {"cleanup.policy": "compact"}
+    return [
+        TopicSpec(names.commands(namespace), ENGINE_PARTITIONS,
+                  {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)}),
+        TopicSpec(names.replies(namespace), REPLY_PARTITIONS,
+                  {"cleanup.policy": "delete", "retention.ms": str(_DAY_MS)}),
+        TopicSpec(names.events(namespace), ENGINE_PARTITIONS,
+                  {"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS)}),
+        TopicSpec(names.state(namespace), ENGINE_PARTITIONS, compact),
+        TopicSpec(names.entities(namespace), 1, compact),
+    ]
+
+
+def entity_topics(namespace: str, entity: str, partitions: int) -> list[TopicSpec]:
+    """The message log of one entity (its dead-letter sub-queue lives in it)."""
+    return [TopicSpec(names.entity_log(namespace, entity), partitions,
+                      {"cleanup.policy": "delete", "retention.ms": "-1"})]
+
+
+def provision(admin: AdminClient, specs: list[TopicSpec], timeout: float = 15.0) -> None:
+    """Create the topics that are missing; check the partition count of the rest.
+
+    Idempotent: running it twice, or from two processes at once, is harmless.
+    """
+    futures = admin.create_topics(
+        [NewTopic(s.name, s.partitions, 1, config=s.config) for s in specs],
+        operation_timeout=timeout, request_timeout=timeout,
+    )
+    existing: list[TopicSpec] = []
+    for spec in specs:
+        try:
+            futures[spec.name].result()
+            log.info("created topic %s (%d partitions)", spec.name, spec.partitions)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise ProvisioningError(f"cannot create topic {spec.name}: {exc.args[0].str()}") from exc
+            existing.append(spec)
+    if existing:
+        metadata = admin.list_topics(timeout=timeout).topics
+        for spec in existing:
+            found = metadata.get(spec.name)
+            count = len(found.partitions) if found is not None else 0
+            if spec.partitions and count and count != spec.partitions:
+                raise ProvisioningError(
+                    f"topic {spec.name} exists with {count} partitions, expected "
+                    f"{spec.partitions}: delete it or use its partition count"
+                )
+
+
+def partition_count(admin: AdminClient, topic: str, timeout: float = 10.0) -> int:
+    """Partitions of an existing topic, 0 when it does not exist."""
+    found = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+    if found is None or found.error is not None:
+        return 0
+    return len(found.partitions)
