@@ -1,0 +1,31 @@
+"""Service Bus settlement semantics on Apache Kafka, with the azure-servicebus names.
+
+Port code from ``azure.servicebus`` by changing the import and the connection
+string (``Endpoint=kafka://HOST:PORT;Namespace=NAME``).
+"""
+
+from settlement.batch import ServiceBusMessageBatch
+from settlement.client import ServiceBusClient
+from settlement.lock_renewer import AutoLockRenewer
+from settlement.message import ServiceBusMessage, ServiceBusMessageState, ServiceBusReceivedMessage
+from settlement.receiver import (
+    ServiceBusReceiveMode,
+    ServiceBusReceiver,
+    ServiceBusSubQueue,
+    SettlementResult,
+)
+from settlement.sender import ServiceBusSender
+
+__all__ = [
+    "AutoLockRenewer",
+    "ServiceBusClient",
+    "ServiceBusMessage",
+    "ServiceBusMessageBatch",
+    "ServiceBusMessageState",
+    "ServiceBusReceiveMode",
+    "ServiceBusReceivedMessage",
+    "ServiceBusReceiver",
+    "ServiceBusSender",
+    "ServiceBusSubQueue",
+    "SettlementResult",
+]

@@ -53,6 +53,8 @@ app = faust.App(
     producer_linger_ms=1,
     table_standby_replicas=0,
     stream_wait_empty=False,
+    key_serializer="raw",
+    value_serializer="raw",  # every record is bytes we encode ourselves
 )
 
 commands_topic = app.topic(
@@ -75,7 +77,7 @@ state_topic = app.topic(
 #: entity#partition -> serialized :class:`streams.window.InflightWindow`.
 windows = app.Table(
     "windows", default=None, key_type=bytes, value_type=bytes,
-    key_serializer="raw", value_serializer="raw", partitions=specs.ENGINE_PARTITIONS,
+    partitions=specs.ENGINE_PARTITIONS,
 )
 
 

@@ -67,7 +67,8 @@ async def _handle(event: EventT) -> None:
         return
     raw = windows.get(key)
     try:
-        window = InflightWindow.from_bytes(raw) if raw else InflightWindow(cmd.entity, cmd.partition)
+        window = (InflightWindow.from_bytes(raw) if raw
+                  else InflightWindow(cmd.entity, cmd.partition))
     except (ValueError, KeyError, TypeError) as exc:
         log.error("window %s is unreadable (%s); leaving it untouched", cmd.window_key, exc)
         _reject(cmd, "StateUnreadable", f"the engine cannot read the state of {cmd.window_key}")

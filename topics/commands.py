@@ -187,7 +187,8 @@ def _decode_items(items: Any) -> list[list[Any]]:
     out = []
     for item in items:
         if not (isinstance(item, list) and len(item) == 5):
-            raise CommandError("each settlement must be [offset, lock_token, action, reason, description]")
+            raise CommandError(
+                "each settlement must be [offset, lock_token, action, reason, description]")
         offset, token, action, reason, description = item
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
             raise CommandError(f"settlement offset must be a non-negative integer, got {offset!r}")
@@ -197,7 +198,8 @@ def _decode_items(items: Any) -> list[list[Any]]:
             raise CommandError(f"settlement action {action!r} is not one of {sorted(ACTIONS)}")
         for text in (reason, description):
             if text is not None and (not isinstance(text, str) or len(text) > MAX_TEXT):
-                raise CommandError(f"dead-letter reason/description must be text of at most {MAX_TEXT} characters")
+                raise CommandError("dead-letter reason and description must be text of "
+                                   f"at most {MAX_TEXT} characters")
         out.append([offset, token, action, reason, description])
     return out
 

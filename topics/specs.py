@@ -71,7 +71,8 @@ def provision(admin: AdminClient, specs: list[TopicSpec], timeout: float = 15.0)
             log.info("created topic %s (%d partitions)", spec.name, spec.partitions)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise ProvisioningError(f"cannot create topic {spec.name}: {exc.args[0].str()}") from exc
+                raise ProvisioningError(
+                    f"cannot create topic {spec.name}: {exc.args[0].str()}") from exc
             existing.append(spec)
     if existing:
         metadata = admin.list_topics(timeout=timeout).topics

@@ -1,0 +1,76 @@
+"""Entity definitions: read and written on the namespace's compacted
+``NS.__entities`` topic, keyed by entity name (a tombstone deletes)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from settlement._properties import QueueProperties
+from settlement.exceptions import MessagingEntityNotFoundError
+from topics import names
+from topics.connection import ConnectionSettings
+from topics.offsets import log_end_offsets
+
+log = logging.getLogger(__name__)
+_CACHE_SECONDS = 2.0
+
+
+class EntityRegistry:
+    """Reads the whole (small) entities topic; writes one record per change."""
+
+    def __init__(self, settings: ConnectionSettings) -> None:
+        self._settings = settings
+        self._topic = names.entities(settings.namespace)
+        self._cache: dict[str, QueueProperties] = {}
+        self._loaded_at = 0.0
+
+    def load(self) -> dict[str, QueueProperties]:
+        consumer = Consumer(self._settings.consumer_config(f"entities-{uuid.uuid4().hex[:12]}"))
+        try:
+            end = log_end_offsets(consumer, [(self._topic, 0)])[(self._topic, 0)]
+            queues: dict[str, QueueProperties] = {}
+            consumer.assign([TopicPartition(self._topic, 0, 0)])
+            position = 0
+            deadline = time.monotonic() + 30
+            while position < end and time.monotonic() < deadline:
+                for record in consumer.consume(num_messages=1000, timeout=0.1):
+                    if record.error():
+                        continue
+                    position = record.offset() + 1
+                    name = (record.key() or b"").decode(errors="replace")
+                    if record.value() is None:
+                        queues.pop(name, None)
+                        continue
+                    try:
+                        queues[name] = QueueProperties.from_json(record.value())
+                    except (ValueError, KeyError, TypeError) as exc:
+                        log.warning("ignoring unreadable definition of %r: %s", name, exc)
+        finally:
+            consumer.close()
+        self._cache, self._loaded_at = queues, time.monotonic()
+        return dict(queues)
+
+    def get(self, name: str, *, fresh: bool = False) -> QueueProperties:
+        if fresh or name not in self._cache or time.monotonic() - self._loaded_at > _CACHE_SECONDS:
+            self.load()
+        try:
+            return self._cache[name]
+        except KeyError:
+            raise MessagingEntityNotFoundError(
+                f"queue {name!r} does not exist in namespace {self._settings.namespace!r}: "
+                "create it with ServiceBusAdministrationClient.create_queue or "
+                f"'settlement queue create {name}'"
+            ) from None
+
+    def put(self, props: QueueProperties | None, name: str) -> None:
+        producer = Producer({**self._settings.kafka_config(), "acks": "all",
+                             "enable.idempotence": True})
+        producer.produce(self._topic, None if props is None else props.to_json(),
+                         key=name.encode(), partition=0)
+        if producer.flush(15) != 0:
+            raise TimeoutError(f"could not write the definition of {name!r} to {self._topic}")
+        self._loaded_at = 0.0

@@ -1,0 +1,75 @@
+"""Queue properties and runtime properties, as ``azure.servicebus.management``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DEFAULT_LOCK = dt.timedelta(seconds=60)
+MAX_LOCK = dt.timedelta(minutes=5)
+DEFAULT_TTL = dt.timedelta(days=10675199)  # Service Bus's "never" (TimeSpan.MaxValue)
+DEFAULT_DUPLICATE_WINDOW = dt.timedelta(minutes=10)
+PARTITIONED_COUNT = 4
+
+
+@dataclass
+class QueueProperties:
+    """A queue's definition; stored in the namespace's entities topic."""
+
+    name: str
+    lock_duration: dt.timedelta = DEFAULT_LOCK
+    max_delivery_count: int = 10
+    default_message_time_to_live: dt.timedelta = DEFAULT_TTL
+    dead_lettering_on_message_expiration: bool = False
+    requires_duplicate_detection: bool = False
+    duplicate_detection_history_time_window: dt.timedelta = DEFAULT_DUPLICATE_WINDOW
+    requires_session: bool = False
+    forward_to: str | None = None
+    forward_dead_lettered_messages_to: str | None = None
+    max_message_size_in_kilobytes: int = 1024
+    enable_partitioning: bool = False
+    partition_count: int = 1
+    created_at_utc: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+
+    def to_json(self) -> bytes:
+        body: dict[str, Any] = asdict(self)
+        for key, value in body.items():
+            if isinstance(value, dt.timedelta):
+                body[key] = value.total_seconds()
+            elif isinstance(value, dt.datetime):
+                body[key] = value.isoformat()
+        return json.dumps(body).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> QueueProperties:
+        body = json.loads(raw)
+        for key in ("lock_duration", "default_message_time_to_live",
+                    "duplicate_detection_history_time_window"):
+            body[key] = dt.timedelta(seconds=body[key])
+        body["created_at_utc"] = dt.datetime.fromisoformat(body["created_at_utc"])
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in body.items() if k in known})
+
+
+@dataclass
+class QueueRuntimeProperties:
+    """Counts of a queue, from the engine's windows and the log ends."""
+
+    name: str
+    active_message_count: int = 0
+    dead_letter_message_count: int = 0
+    scheduled_message_count: int = 0
+    transfer_dead_letter_message_count: int = 0
+    transfer_message_count: int = 0
+    deferred_message_count: int = 0
+    locked_message_count: int = 0
+    size_in_bytes: int = 0
+    created_at_utc: dt.datetime | None = None
+
+    @property
+    def total_message_count(self) -> int:
+        return (self.active_message_count + self.dead_letter_message_count
+                + self.scheduled_message_count + self.transfer_dead_letter_message_count
+                + self.deferred_message_count)

@@ -1,0 +1,75 @@
+"""ServiceBusClient: the entry point, as in ``azure.servicebus``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from settlement._engine_link import EngineLink
+from settlement._entities import EntityRegistry
+from settlement.receiver import ServiceBusReceiveMode, ServiceBusReceiver, ServiceBusSubQueue
+from settlement.sender import ServiceBusSender
+from topics.connection import ConnectionSettings, parse_connection_string
+from topics.names import parse_entity_path
+
+
+class ServiceBusClient:
+    """Creates senders and receivers for the queues of one namespace.
+
+    ``ServiceBusClient.from_connection_string("Endpoint=kafka://HOST:PORT;Namespace=NAME")``
+    """
+
+    def __init__(self, settings: ConnectionSettings) -> None:
+        self.settings = settings
+        self.fully_qualified_namespace = settings.namespace
+        self._registry = EntityRegistry(settings)
+        self._link: EngineLink | None = None
+        self._handlers: list[ServiceBusSender | ServiceBusReceiver] = []
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, **_: Any) -> ServiceBusClient:
+        return cls(parse_connection_string(conn_str))
+
+    def get_queue_sender(self, queue_name: str, *, max_in_flight: int = 10_000,
+                         **_: Any) -> ServiceBusSender:
+        sender = ServiceBusSender(self.settings, self._registry, queue_name,
+                                  max_in_flight=max_in_flight)
+        self._handlers.append(sender)
+        return sender
+
+    def get_queue_receiver(self, queue_name: str, *,
+                           sub_queue: ServiceBusSubQueue | str | None = None,
+                           receive_mode: ServiceBusReceiveMode | str =
+                           ServiceBusReceiveMode.PEEK_LOCK,
+                           max_wait_time: float | None = None, prefetch_count: int = 0,
+                           **_: Any) -> ServiceBusReceiver:
+        """A receiver of ``queue_name`` (or ``queue/$deadletterqueue``)."""
+        name, is_dead_letter = parse_entity_path(queue_name)
+        if is_dead_letter:
+            sub_queue = ServiceBusSubQueue.DEAD_LETTER
+        props = self._registry.get(name, fresh=True)
+        receiver = ServiceBusReceiver(
+            self.settings, self._engine(), props,
+            sub_queue=ServiceBusSubQueue(sub_queue) if sub_queue else None,
+            receive_mode=ServiceBusReceiveMode(receive_mode), max_wait_time=max_wait_time,
+            prefetch_count=prefetch_count)
+        self._handlers.append(receiver)
+        return receiver
+
+    def _engine(self) -> EngineLink:
+        if self._link is None:
+            self._link = EngineLink(self.settings)
+        return self._link
+
+    def close(self) -> None:
+        for handler in self._handlers:
+            handler.close()
+        self._handlers.clear()
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+
+    def __enter__(self) -> ServiceBusClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

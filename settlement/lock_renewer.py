@@ -1,0 +1,100 @@
+"""AutoLockRenewer: keeps message locks alive while a handler works."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from settlement.exceptions import AutoLockRenewTimeout, ServiceBusError
+from settlement.message import ServiceBusReceivedMessage
+
+if TYPE_CHECKING:
+    from settlement.receiver import ServiceBusReceiver
+
+log = logging.getLogger(__name__)
+FailureCallback = Callable[[ServiceBusReceivedMessage, Exception | None], Any]
+
+
+class AutoLockRenewer:
+    """Renews registered messages' locks until they are settled or
+    ``max_lock_renewal_duration`` seconds have passed.
+
+    A lock is renewed once less than half its duration (at most 10 s) is left,
+    so a renewal has time for a round trip to the engine.
+    """
+
+    def __init__(self, max_lock_renewal_duration: float = 300,
+                 on_lock_renew_failure: FailureCallback | None = None,
+                 **_: Any) -> None:
+        self._max_duration = max_lock_renewal_duration
+        self._on_failure = on_lock_renew_failure
+        self._entries: list[tuple[ServiceBusReceiver, ServiceBusReceivedMessage, float,
+                                  FailureCallback | None]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lock-renewer", daemon=True)
+        self._thread.start()
+
+    def register(self, receiver: ServiceBusReceiver, renewable: ServiceBusReceivedMessage,
+                 max_lock_renewal_duration: float | None = None,
+                 on_lock_renew_failure: FailureCallback | None = None) -> None:
+        if self._stop.is_set():
+            raise ServiceBusError("the AutoLockRenewer is closed: create a new one")
+        limit = time.monotonic() + (max_lock_renewal_duration or self._max_duration)
+        with self._lock:
+            self._entries.append((receiver, renewable, limit,
+                                  on_lock_renew_failure or self._on_failure))
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            with self._lock:
+                entries = list(self._entries)
+            keep = []
+            for receiver, message, limit, on_failure in entries:
+                if message._settled or receiver._closed:
+                    continue
+                if time.monotonic() > limit:
+                    self._failed(message, on_failure, AutoLockRenewTimeout(
+                        f"stopped renewing the lock of message {message.sequence_number}: "
+                        "max_lock_renewal_duration passed"))
+                    continue
+                if self._due(message, receiver):
+                    try:
+                        receiver.renew_message_lock(message)
+                    except (ServiceBusError, ValueError) as exc:
+                        self._failed(message, on_failure, exc)
+                        continue
+                keep.append((receiver, message, limit, on_failure))
+            with self._lock:
+                registered_meanwhile = self._entries[len(entries):]
+                self._entries = keep + registered_meanwhile
+
+    @staticmethod
+    def _due(message: ServiceBusReceivedMessage, receiver: ServiceBusReceiver) -> bool:
+        if message.locked_until_utc is None:
+            return False
+        margin = min(10.0, receiver._policy.lock_ms / 2000)
+        left = (message.locked_until_utc - dt.datetime.now(dt.UTC)).total_seconds()
+        return left < margin
+
+    @staticmethod
+    def _failed(message: ServiceBusReceivedMessage, on_failure: FailureCallback | None,
+                exc: Exception) -> None:
+        log.warning("lock renewal of message %s failed: %s", message.sequence_number, exc)
+        if on_failure is not None:
+            on_failure(message, exc)
+
+    def close(self, wait: bool = True) -> None:
+        self._stop.set()
+        if wait:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> AutoLockRenewer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,143 @@
+"""Create, inspect and delete queues of a namespace."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
+
+from settlement._engine_link import EngineLink
+from settlement._entities import EntityRegistry
+from settlement._properties import (
+    MAX_LOCK,
+    PARTITIONED_COUNT,
+    QueueProperties,
+    QueueRuntimeProperties,
+)
+from settlement.exceptions import MessagingEntityAlreadyExistsError, ServiceBusError
+from topics import names, specs
+from topics.commands import Policy
+from topics.connection import ConnectionSettings, parse_connection_string
+from topics.offsets import log_end_offsets
+
+_DUPLICATE_WINDOW = (dt.timedelta(seconds=20), dt.timedelta(days=7))
+
+
+class ServiceBusAdministrationClient:
+    """Queue administration over Kafka topics and the engine."""
+
+    def __init__(self, settings: ConnectionSettings) -> None:
+        self._settings = settings
+        self._admin = AdminClient(settings.kafka_config())
+        self._registry = EntityRegistry(settings)
+        self._link: EngineLink | None = None
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, **_: Any) -> ServiceBusAdministrationClient:
+        return cls(parse_connection_string(conn_str))
+
+    def create_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
+        """Create the queue's log and definition; raise if it exists."""
+        names.validate_entity(queue_name)
+        props = _validated(QueueProperties(queue_name, **_as_timedeltas(kwargs)))
+        specs.provision(self._admin, specs.namespace_topics(self._settings.namespace))
+        if queue_name in self._registry.load():
+            raise MessagingEntityAlreadyExistsError(
+                f"queue {queue_name!r} already exists in namespace "
+                f"{self._settings.namespace!r}: use get_queue, or delete_queue first")
+        specs.provision(self._admin, specs.entity_topics(
+            self._settings.namespace, queue_name, props.partition_count))
+        self._registry.put(props, queue_name)
+        return props
+
+    def get_queue(self, queue_name: str) -> QueueProperties:
+        return self._registry.get(queue_name, fresh=True)
+
+    def list_queues(self) -> list[QueueProperties]:
+        specs.provision(self._admin, specs.namespace_topics(self._settings.namespace))
+        return sorted(self._registry.load().values(), key=lambda q: q.name)
+
+    def delete_queue(self, queue_name: str) -> None:
+        """Forget the queue's windows, delete its definition and its log."""
+        props = self._registry.get(queue_name, fresh=True)
+        link = self._engine()
+        link.call_many([link.command("drop", queue_name, p)
+                        for p in range(props.partition_count)])
+        self._registry.put(None, queue_name)
+        futures = self._admin.delete_topics([names.entity_log(self._settings.namespace,
+                                                              queue_name)])
+        for fut in futures.values():
+            fut.result()
+
+    def get_queue_runtime_properties(self, queue_name: str) -> QueueRuntimeProperties:
+        """Counts from the engine, against log ends read from fetch responses."""
+        props = self._registry.get(queue_name, fresh=True)
+        topic = names.entity_log(self._settings.namespace, queue_name)
+        consumer = Consumer(self._settings.consumer_config(f"admin-{uuid.uuid4().hex[:12]}"))
+        try:
+            ends = log_end_offsets(consumer, [(topic, p) for p in range(props.partition_count)])
+        finally:
+            consumer.close()
+        link = self._engine()
+        policy = Policy(int(props.lock_duration.total_seconds() * 1000), props.max_delivery_count)
+        replies = link.call_many([link.command("stats", queue_name, p, policy, hw=ends[(topic, p)])
+                                  for p in range(props.partition_count)])
+        runtime = QueueRuntimeProperties(queue_name, created_at_utc=props.created_at_utc)
+        for reply in replies:
+            if not reply.ok:
+                raise ServiceBusError(reply.error_message, error_code=reply.error_code)
+            stats = reply.result
+            runtime.active_message_count += stats["active"]
+            runtime.dead_letter_message_count += stats["dead_letter"]
+            runtime.deferred_message_count += stats["deferred"]
+            runtime.locked_message_count += stats["locked"]
+        return runtime
+
+    def _engine(self) -> EngineLink:
+        if self._link is None:
+            self._link = EngineLink(self._settings, attempt_timeout=5.0, attempts=3)
+        return self._link
+
+    def close(self) -> None:
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+
+    def __enter__(self) -> ServiceBusAdministrationClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _as_timedeltas(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Accept seconds or ISO-ish timedeltas where the SDK accepts timedeltas."""
+    out = dict(kwargs)
+    for key in ("lock_duration", "default_message_time_to_live",
+                "duplicate_detection_history_time_window"):
+        if isinstance(out.get(key), int | float):
+            out[key] = dt.timedelta(seconds=out[key])
+    if out.get("enable_partitioning") and "partition_count" not in out:
+        out["partition_count"] = PARTITIONED_COUNT
+    return out
+
+
+def _validated(props: QueueProperties) -> QueueProperties:
+    if not dt.timedelta(seconds=1) <= props.lock_duration <= MAX_LOCK:
+        raise ValueError(f"lock_duration must be between 1 second and 5 minutes, "
+                         f"got {props.lock_duration}")
+    if props.max_delivery_count < 1:
+        raise ValueError(f"max_delivery_count must be at least 1, got {props.max_delivery_count}")
+    low, high = _DUPLICATE_WINDOW
+    if not low <= props.duplicate_detection_history_time_window <= high:
+        raise ValueError("duplicate_detection_history_time_window must be between 20 seconds "
+                         "and 7 days")
+    if not 1 <= props.partition_count <= 64:
+        raise ValueError(f"partition_count must be 1..64, got {props.partition_count}")
+    for target in (props.forward_to, props.forward_dead_lettered_messages_to):
+        if target is not None:
+            names.validate_entity(target)
+    return props

@@ -1,0 +1,336 @@
+"""Receiving and settling: peek-lock and receive-and-delete.
+
+A receive asks the engine to lock a batch of offsets of one entity partition
+(redeliveries first, then fresh offsets up to the log end this receiver has
+seen), then reads exactly those records from the log. A settlement is one
+command per partition, however many messages it settles, and the engine
+answers each message: settled, or its lock was lost.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import itertools
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from settlement import _wire
+from settlement._engine_link import EngineLink
+from settlement._log_reader import PartitionReader
+from settlement._properties import QueueProperties
+from settlement.exceptions import (
+    InvalidOperationError,
+    MessageAlreadySettled,
+    MessageLockLostError,
+    ServiceBusError,
+)
+from settlement.message import ServiceBusReceivedMessage
+from settlement.processor import MessageProcessor
+from topics import names
+from topics.commands import Policy, Reply
+from topics.connection import ConnectionSettings
+
+log = logging.getLogger(__name__)
+
+MALFORMED_REASON = "MalformedMessage"
+
+
+class ServiceBusReceiveMode(enum.StrEnum):
+    PEEK_LOCK = "peek_lock"
+    RECEIVE_AND_DELETE = "receive_and_delete"
+
+
+class ServiceBusSubQueue(enum.StrEnum):
+    DEAD_LETTER = "deadletter"
+    TRANSFER_DEAD_LETTER = "transferdeadletter"
+
+
+@dataclass
+class SettlementResult:
+    """The engine's answer for one message of a batch settlement."""
+
+    message: ServiceBusReceivedMessage
+    error: ServiceBusError | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.error is None
+
+
+def _utc(ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+
+
+class ServiceBusReceiver:
+    """Receives from a queue or its dead-letter sub-queue."""
+
+    def __init__(self, settings: ConnectionSettings, link: EngineLink, props: QueueProperties,
+                 *, sub_queue: ServiceBusSubQueue | None = None,
+                 receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
+                 max_wait_time: float | None = None, prefetch_count: int = 0) -> None:
+        if sub_queue == ServiceBusSubQueue.TRANSFER_DEAD_LETTER:
+            raise InvalidOperationError("the transfer dead-letter sub-queue is not available yet")
+        self.entity_path = props.name + (names.DEAD_LETTER_SUFFIX if sub_queue else "")
+        self.receive_mode = ServiceBusReceiveMode(receive_mode)
+        self._settings = settings
+        self._link = link
+        self._props = props
+        self._sub = "deadletter" if sub_queue else "active"
+        self._max_wait_time = max_wait_time
+        self._prefetch = max(prefetch_count, 1)
+        self._policy = Policy(int(props.lock_duration.total_seconds() * 1000),
+                              props.max_delivery_count)
+        self._topic = names.entity_log(settings.namespace, props.name)
+        self._readers: dict[int, PartitionReader] = {}
+        self._turn = itertools.cycle(range(props.partition_count))
+        self._closed = False
+
+    # ----------------------------------------------------------------- receive
+    def receive_messages(self, max_message_count: int | None = 1,
+                         max_wait_time: float | None = None) -> list[ServiceBusReceivedMessage]:
+        """Up to ``max_message_count`` messages; waits at most ``max_wait_time``
+        seconds for the first (the receiver's own ``max_wait_time`` when None;
+        when both are None, waits until a message arrives)."""
+        self._check_open()
+        want = max(1, max_message_count or 1)
+        wait = self._max_wait_time if max_wait_time is None else max_wait_time
+        deadline = None if wait is None else time.monotonic() + wait
+        pause = 0.005
+        while True:
+            got = self._receive_round(want)
+            if got or (deadline is not None and time.monotonic() >= deadline):
+                return got
+            remaining = 0.2 if deadline is None else deadline - time.monotonic()
+            time.sleep(max(0.0, min(pause, remaining)))
+            pause = min(pause * 2, 0.2)
+
+    def _receive_round(self, want: int) -> list[ServiceBusReceivedMessage]:
+        got: list[ServiceBusReceivedMessage] = []
+        for _ in range(self._props.partition_count):
+            if len(got) >= want:
+                break
+            partition = next(self._turn)
+            reader = self._reader(partition)
+            hw = reader.high_watermark() if self._sub == "active" else 0
+            cmd = self._link.command("acquire", self._props.name, partition, self._policy,
+                                     sub=self._sub, mode=self.receive_mode.value,
+                                     max=want - len(got), hw=hw)
+            reply = self._link.call(cmd)
+            _raise_for(reply, self.entity_path)
+            got += self._materialize(partition, reply.result["grants"])
+        return got
+
+    def _materialize(self, partition: int, grants: list[list[Any]]
+                     ) -> list[ServiceBusReceivedMessage]:
+        """Read the granted records; dead-letter the ones that break the format."""
+        if not grants:
+            return []
+        records = self._reader(partition).read([g[0] for g in grants])
+        out, malformed, gaps = [], [], []
+        for offset, token, until, count, reason, description, source, state in grants:
+            record = records[offset]
+            if record is None:
+                gaps.append((offset, token))
+                continue
+            delivery = {
+                "lock_token": token, "delivery_count": count,
+                "locked_until_utc": _utc(until) if token else None,
+                "dead_letter_reason": reason, "dead_letter_error_description": description,
+                "dead_letter_source": source, "state": _wire.STATES[state],
+            }
+            try:
+                message = _wire.decode(record.value(), record.headers(), record.timestamp()[1],
+                                       partition, offset, lenient=self._sub == "deadletter",
+                                       **delivery)
+            except _wire.MalformedRecord as exc:
+                malformed.append((offset, token, str(exc)))
+                continue
+            message._receiver = self
+            message._settled = self.receive_mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE
+            out.append(message)
+        self._settle_unreadable(partition, malformed, gaps)
+        return out
+
+    def _settle_unreadable(self, partition: int, malformed: list[tuple[int, str, str]],
+                           gaps: list[tuple[int, str]]) -> None:
+        """A record that breaks the wire format goes to the dead-letter
+        sub-queue with the reason; an offset with no record is completed."""
+        if self.receive_mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE:
+            for offset, _token, reason in malformed:
+                log.warning("dropped malformed record %s[%d]@%d (receive-and-delete): %s",
+                            self._topic, partition, offset, reason)
+            return
+        items = [[o, t, "dead_letter", MALFORMED_REASON, r] for o, t, r in malformed]
+        items += [[o, t, "complete", None, None] for o, t in gaps]
+        for offset, _token, reason in malformed:
+            log.warning("dead-lettering malformed record %s[%d]@%d: %s",
+                        self._topic, partition, offset, reason)
+        if items:
+            _raise_for(self._link.call(self._link.command(
+                "settle", self._props.name, partition, self._policy, items=items)),
+                self.entity_path)
+
+    def __iter__(self) -> Iterator[ServiceBusReceivedMessage]:
+        """Messages as they come; stops after ``max_wait_time`` without one."""
+        while not self._closed:
+            batch = self.receive_messages(self._prefetch, self._max_wait_time)
+            if not batch:
+                return
+            yield from batch
+
+    def receive_deferred_messages(self, sequence_numbers: int | list[int]
+                                  ) -> list[ServiceBusReceivedMessage]:
+        """Lock and return deferred messages by sequence number."""
+        self._check_open()
+        seqs = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
+        by_partition: dict[int, list[int]] = {}
+        for seq in seqs:
+            partition, offset = _wire.split_sequence_number(seq)
+            if partition >= self._props.partition_count:
+                raise ValueError(f"sequence number {seq} is not one of queue "
+                                 f"{self._props.name!r}")
+            by_partition.setdefault(partition, []).append(offset)
+        out = []
+        for partition, offsets in sorted(by_partition.items()):
+            reply = self._link.call(self._link.command(
+                "acquire_deferred", self._props.name, partition, self._policy, offsets=offsets))
+            _raise_for(reply, self.entity_path)
+            out += self._materialize(partition, reply.result["grants"])
+        return out
+
+    # ------------------------------------------------------------------ settle
+    def complete_message(self, message: ServiceBusReceivedMessage) -> None:
+        self._settle_one(message, "complete")
+
+    def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
+        self._settle_one(message, "abandon")
+
+    def defer_message(self, message: ServiceBusReceivedMessage) -> None:
+        self._settle_one(message, "defer")
+
+    def dead_letter_message(self, message: ServiceBusReceivedMessage, reason: str | None = None,
+                            error_description: str | None = None) -> None:
+        if self._sub == "deadletter":
+            raise InvalidOperationError(
+                f"message {message.sequence_number} is in the dead-letter sub-queue of "
+                f"{self._props.name!r} and cannot be dead-lettered again: complete it instead")
+        self._settle_one(message, "dead_letter", reason, error_description)
+
+    def renew_message_lock(self, message: ServiceBusReceivedMessage, **_: Any) -> dt.datetime:
+        """Extend the lock by the queue's lock duration; return the new end."""
+        result = self.settle_messages([message], "renew")[0]
+        if result.error is not None:
+            raise result.error
+        assert message.locked_until_utc is not None
+        return message.locked_until_utc
+
+    def _settle_one(self, message: ServiceBusReceivedMessage, action: str,
+                    reason: str | None = None, description: str | None = None) -> None:
+        result = self.settle_messages([message], action, reason, description)[0]
+        if result.error is not None:
+            raise result.error
+
+    def complete_messages(self, messages: list[ServiceBusReceivedMessage]
+                          ) -> list[SettlementResult]:
+        """Complete many messages in one command per partition; each message
+        gets its own answer (check ``SettlementResult.error``)."""
+        return self.settle_messages(messages, "complete")
+
+    def abandon_messages(self, messages: list[ServiceBusReceivedMessage]
+                         ) -> list[SettlementResult]:
+        return self.settle_messages(messages, "abandon")
+
+    def settle_messages(self, messages: list[ServiceBusReceivedMessage], action: str,
+                        reason: str | None = None, description: str | None = None
+                        ) -> list[SettlementResult]:
+        """Settle a list in one command per partition; answers per message."""
+        self._check_open()
+        for message in messages:
+            self._check_settleable(message, action)
+        by_partition: dict[int, list[ServiceBusReceivedMessage]] = {}
+        for message in messages:
+            by_partition.setdefault(message.partition, []).append(message)
+        cmds = [self._link.command("settle", self._props.name, partition, self._policy,
+                                   items=[[m.offset, m.lock_token, action, reason, description]
+                                          for m in group])
+                for partition, group in sorted(by_partition.items())]
+        results: dict[int, SettlementResult] = {}
+        for cmd, (_partition, group) in zip(self._link.call_many(cmds),
+                                            sorted(by_partition.items()), strict=True):
+            _raise_for(cmd, self.entity_path)
+            for message, (status, until) in zip(group, cmd.result["results"], strict=True):
+                results[id(message)] = SettlementResult(
+                    message, self._apply_answer(message, action, status, until))
+        return [results[id(m)] for m in messages]
+
+    def _check_settleable(self, message: ServiceBusReceivedMessage, action: str) -> None:
+        if not isinstance(message, ServiceBusReceivedMessage):
+            raise TypeError("settle a ServiceBusReceivedMessage received by this receiver")
+        if self.receive_mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE:
+            raise InvalidOperationError(
+                "messages received in RECEIVE_AND_DELETE mode are settled on receipt and "
+                "cannot be settled again")
+        if message._receiver is not self:
+            raise InvalidOperationError(
+                f"message {message.sequence_number} was received by another receiver: "
+                "settle it through the receiver that received it")
+        if message._settled:
+            raise MessageAlreadySettled(action)
+
+    def _apply_answer(self, message: ServiceBusReceivedMessage, action: str, status: str,
+                      until: int) -> ServiceBusError | None:
+        if status == "ok":
+            if action == "renew":
+                message.locked_until_utc = _utc(until)
+            else:
+                message._settled = True
+            return None
+        if status == "invalid":
+            return InvalidOperationError(
+                f"cannot {action} message {message.sequence_number} of {self.entity_path}")
+        return MessageLockLostError(
+            f"the lock on message {message.sequence_number} of {self.entity_path} was lost "
+            "(it expired or another receiver holds it): the message will be redelivered; "
+            "renew locks sooner or raise the queue's lock_duration")
+
+    # --------------------------------------------------------------- plumbing
+    def process(self, handler: Callable[[ServiceBusReceivedMessage], Any], *,
+                max_concurrent_calls: int = 8, batch_size: int = 100,
+                max_wait_time: float | None = 5.0, max_message_count: int | None = None
+                ) -> dict[str, int]:
+        """Run ``handler`` on each message with bounded concurrency, settling in
+        batches; see :class:`settlement.processor.MessageProcessor`."""
+        return MessageProcessor(self, handler, max_concurrent_calls=max_concurrent_calls,
+                                batch_size=batch_size, max_wait_time=max_wait_time,
+                                max_message_count=max_message_count).run()
+
+    def _reader(self, partition: int) -> PartitionReader:
+        if partition not in self._readers:
+            self._readers[partition] = PartitionReader(self._settings, self._topic, partition)
+        return self._readers[partition]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("the receiver is closed: create a new one from the client")
+
+    def close(self) -> None:
+        self._closed = True
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+
+    def __enter__(self) -> ServiceBusReceiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _raise_for(reply: Reply, entity_path: str) -> None:
+    if not reply.ok:
+        raise ServiceBusError(f"the engine refused a command on {entity_path}: "
+                              f"{reply.error_message}", error_code=reply.error_code)
