@@ -1,0 +1,68 @@
+"""One embedded broker and one engine worker per test session; tests are
+isolated by unique queue names (and by their own namespace where they need
+their own engine, as the crash tests do)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from settlement import ServiceBusClient
+from settlement.embedded import EmbeddedBroker
+from settlement.management import ServiceBusAdministrationClient
+from tests.engine_process import EngineProcess
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker() as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def engine(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[EngineProcess]:
+    conn = broker.connection_string(f"t{uuid.uuid4().hex[:8]}")
+    process = EngineProcess(conn, tmp_path_factory.mktemp("engine")).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def conn(engine: EngineProcess) -> str:
+    return engine.connection_string
+
+
+@pytest.fixture(scope="session")
+def admin(conn: str) -> Iterator[ServiceBusAdministrationClient]:
+    with ServiceBusAdministrationClient.from_connection_string(conn) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def client(conn: str) -> Iterator[ServiceBusClient]:
+    with ServiceBusClient.from_connection_string(conn) as sb:
+        yield sb
+
+
+@pytest.fixture
+def queue_name(request: pytest.FixtureRequest) -> str:
+    stem = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name.removeprefix("test_"))[:40]
+    return f"{stem.strip('-')}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def make_queue(admin: ServiceBusAdministrationClient, queue_name: str
+               ) -> Callable[..., str]:
+    """Create the test's queue (short locks by default) and return its name."""
+
+    def create(**kwargs: Any) -> str:
+        kwargs.setdefault("lock_duration", 2)
+        admin.create_queue(queue_name, **kwargs)
+        return queue_name
+
+    return create

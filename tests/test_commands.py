@@ -1,0 +1,53 @@
+"""The command format rejects malformed records with a reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from topics.commands import (
+    Command,
+    CommandError,
+    Policy,
+    ReplyAddress,
+    decode_command,
+    encode_command,
+    lock_token,
+    parse_lock_token,
+)
+
+
+def test_command_round_trip() -> None:
+    cmd = Command("id1", "acquire", "orders", 2, ReplyAddress(3, "client"), Policy(5000, 4),
+                  {"sub": "active", "mode": "peek_lock", "max": 10, "hw": 7})
+    assert decode_command(encode_command(cmd)) == cmd
+
+
+@pytest.mark.parametrize("raw, fragment", [
+    (b"\x00\xff garbage", "not JSON"),
+    (b"[1, 2]", "JSON object"),
+    (json.dumps({"v": 9, "id": "x", "op": "acquire"}).encode(), "version"),
+    (json.dumps({"v": 1, "id": "x", "op": "explode", "entity": "q", "partition": 0}).encode(),
+     "unknown operation"),
+    (json.dumps({"v": 1, "id": "x", "op": "acquire", "entity": "q", "partition": -1}).encode(),
+     "partition"),
+    (json.dumps({"v": 1, "id": "x", "op": "settle", "entity": "q", "partition": 0,
+                 "items": [[0, "t", "vanish", None, None]]}).encode(), "action"),
+])
+def test_malformed_commands_are_rejected_with_a_reason(raw: bytes, fragment: str) -> None:
+    with pytest.raises(CommandError, match=fragment):
+        decode_command(raw)
+
+
+def test_rejection_keeps_the_reply_address_when_readable() -> None:
+    raw = json.dumps({"v": 1, "id": "abc", "op": "nope", "reply": {"partition": 1,
+                                                                 "client": "me"}}).encode()
+    with pytest.raises(CommandError) as info:
+        decode_command(raw)
+    assert info.value.command_id == "abc" and info.value.reply == ReplyAddress(1, "me")
+
+
+def test_lock_token_names_batch_and_offset() -> None:
+    assert parse_lock_token(lock_token(12345, 678)) == (12345, 678)
+    assert parse_lock_token("not-a-token") is None

@@ -1,0 +1,134 @@
+"""The in-flight window's state machine, on its own (no Kafka, no Faust)."""
+
+from __future__ import annotations
+
+import itertools
+
+from streams.window import MAX_DELIVERY_REASON, InflightWindow
+from topics.commands import Command, Policy
+
+_ids = itertools.count()
+POLICY = Policy(lock_ms=1000, max_delivery=3)
+
+
+def cmd(op: str, cmd_id: str | None = None, **args: object) -> Command:
+    return Command(cmd_id or f"c{next(_ids)}", op, "q", 0, None, POLICY, dict(args))
+
+
+def acquire(win: InflightWindow, now: int, n: int = 10, hw: int = 0, sub: str = "active",
+            mode: str = "peek_lock", cmd_id: str | None = None) -> list[list]:
+    return win.apply(cmd("acquire", cmd_id, sub=sub, mode=mode, max=n, hw=hw),
+                     now).result["grants"]
+
+
+def settle(win: InflightWindow, now: int, grants: list[list], action: str,
+           reason: str | None = None) -> list[str]:
+    items = [[g[0], g[1], action, reason, "why"] for g in grants]
+    return [r[0] for r in win.apply(cmd("settle", items=items), now).result["results"]]
+
+
+def test_acquire_grants_fresh_offsets_up_to_reported_log_end() -> None:
+    win = InflightWindow("q", 0)
+    grants = acquire(win, 0, n=3, hw=5)
+    assert [g[0] for g in grants] == [0, 1, 2]
+    assert [g[0] for g in acquire(win, 0, n=10, hw=5)] == [3, 4]
+    assert acquire(win, 0, n=10, hw=5) == []
+
+
+def test_locked_offsets_are_not_granted_twice() -> None:
+    win = InflightWindow("q", 0)
+    first = {g[0] for g in acquire(win, 0, hw=4)}
+    second = {g[0] for g in acquire(win, 0, hw=8)}
+    assert first == {0, 1, 2, 3} and second == {4, 5, 6, 7}
+
+
+def test_abandon_redelivers_first_with_a_higher_delivery_count() -> None:
+    win = InflightWindow("q", 0)
+    grants = acquire(win, 0, n=2, hw=5)
+    assert settle(win, 10, grants[:1], "abandon") == ["ok"]
+    again = acquire(win, 20, n=2, hw=5)
+    assert [(g[0], g[3]) for g in again] == [(0, 2), (2, 1)]
+
+
+def test_lapsed_lock_counts_a_delivery_and_loses_the_token() -> None:
+    win = InflightWindow("q", 0)
+    grants = acquire(win, 0, n=1, hw=1)
+    assert settle(win, 1500, grants, "complete") == ["lock_lost"]
+    again = acquire(win, 1500, n=1, hw=1)
+    assert again[0][0] == 0 and again[0][3] == 2 and again[0][1] != grants[0][1]
+
+
+def test_max_delivery_count_moves_message_to_dead_letter() -> None:
+    win = InflightWindow("q", 0)
+    now = 0
+    for _ in range(3):
+        grants = acquire(win, now, n=1, hw=1)
+        assert settle(win, now, grants, "abandon") == ["ok"]
+        now += 1
+    assert acquire(win, now, n=1, hw=1) == []
+    dead = acquire(win, now, n=5, sub="deadletter")
+    assert dead[0][0] == 0 and dead[0][4] == MAX_DELIVERY_REASON and "3 times" in dead[0][5]
+
+
+def test_dead_letter_sub_queue_never_dead_letters_again() -> None:
+    win = InflightWindow("q", 0)
+    settle(win, 0, acquire(win, 0, n=1, hw=1), "dead_letter", reason="r")
+    for now in (0, 2000, 4000, 6000, 8000):  # lapse many times: stays in the sub-queue
+        dead = acquire(win, now, n=1, sub="deadletter")
+        assert len(dead) == 1 and dead[0][4] == "r"
+    assert settle(win, 8000, dead, "dead_letter") == ["invalid"]
+    assert settle(win, 8000, dead, "complete") == ["ok"]
+    assert win.stats()["dead_letter"] == 0
+
+
+def test_defer_parks_message_until_fetched_by_offset() -> None:
+    win = InflightWindow("q", 0)
+    grants = acquire(win, 0, n=2, hw=2)
+    settle(win, 0, grants[:1], "defer")
+    assert [g[0] for g in acquire(win, 0, hw=2)] == []
+    fetched = win.apply(cmd("acquire_deferred", offsets=[0, 1]), 0).result["grants"]
+    assert [g[0] for g in fetched] == [0] and fetched[0][7] == "deferred"
+    assert settle(win, 0, fetched, "complete") == ["ok"]
+    assert win.stats()["deferred"] == 0
+
+
+def test_renew_extends_the_lock() -> None:
+    win = InflightWindow("q", 0)
+    grants = acquire(win, 0, n=1, hw=1)
+    result = win.apply(cmd("settle", items=[[0, grants[0][1], "renew", None, None]]), 900)
+    assert result.result["results"] == [["ok", 1900]]
+    assert settle(win, 1500, grants, "complete") == ["ok"]
+
+
+def test_repeated_command_id_returns_the_first_answer() -> None:
+    win = InflightWindow("q", 0)
+    first = acquire(win, 0, n=2, hw=4, cmd_id="same")
+    again = acquire(win, 10, n=2, hw=4, cmd_id="same")
+    assert again == first
+    items = [[g[0], g[1], "complete", None, None] for g in first]
+    settle_cmd = cmd("settle", "settle-1", items=items)
+    assert win.apply(settle_cmd, 20).result == win.apply(settle_cmd, 30).result
+    assert win.stats()["active"] == 2
+
+
+def test_receive_and_delete_settles_on_handout() -> None:
+    win = InflightWindow("q", 0)
+    grants = acquire(win, 0, n=3, hw=3, mode="receive_and_delete")
+    assert [g[0] for g in grants] == [0, 1, 2] and all(g[1] is None for g in grants)
+    assert acquire(win, 5000, hw=3) == [] and win.start == 3
+
+
+def test_window_round_trips_through_bytes_with_wake_time_in_front() -> None:
+    win = InflightWindow("q", 0)
+    acquire(win, 100, n=2, hw=5)
+    raw = win.to_bytes()
+    assert InflightWindow.wake_of(raw) == 1100
+    copy = InflightWindow.from_bytes(raw)
+    assert copy.stats() == win.stats() and copy.slots == win.slots
+
+
+def test_expire_without_policy_keeps_the_queue_policy() -> None:
+    win = InflightWindow("q", 0)
+    acquire(win, 0, n=1, hw=1)
+    win.apply(Command("e1", "expire", "q", 0), 5000)
+    assert win.max_delivery == 3 and win.stats()["active"] == 1
