@@ -38,24 +38,31 @@ class MessageProcessor:
         self._limit = max_message_count
         self._lock = threading.Lock()
         self._done: dict[str, list[ServiceBusReceivedMessage]] = {"complete": [], "abandon": []}
+        self._running = 0
         self.stats = {"received": 0, "completed": 0, "abandoned": 0, "lock_lost": 0}
 
     def run(self) -> dict[str, int]:
-        """Process until no message arrives for ``max_wait_time`` (or the limit)."""
+        """Process until no message arrives for ``max_wait_time`` and no handler
+        is still running (abandoned messages come back and are processed too),
+        or until ``max_message_count`` messages were received."""
         slots = threading.BoundedSemaphore(self._concurrency + self._batch)
         with ThreadPoolExecutor(self._concurrency, thread_name_prefix="handler") as pool:
             while self._limit is None or self.stats["received"] < self._limit:
+                busy = self._running > 0
                 want = self._batch if self._limit is None else min(
                     self._batch, self._limit - self.stats["received"])
-                messages = self._receiver.receive_messages(want, self._max_wait)
-                if not messages:
-                    break
-                self.stats["received"] += len(messages)
+                messages = self._receiver.receive_messages(
+                    want, 0.05 if busy else self._max_wait)
                 for message in messages:
                     slots.acquire()
+                    with self._lock:
+                        self._running += 1
                     pool.submit(self._run_one, message, slots)
-                self._flush(min_size=self._batch)
-        self._flush(min_size=1)
+                self.stats["received"] += len(messages)
+                self._flush()
+                if not messages and not busy and not self._pending():
+                    break
+        self._flush()
         return dict(self.stats)
 
     def _run_one(self, message: ServiceBusReceivedMessage, slots: threading.BoundedSemaphore
@@ -68,11 +75,17 @@ class MessageProcessor:
             outcome = "abandon"
         with self._lock:
             self._done[outcome].append(message)
+            self._running -= 1
         slots.release()
 
-    def _flush(self, min_size: int) -> None:
+    def _pending(self) -> bool:
         with self._lock:
-            ready = {k: v for k, v in self._done.items() if len(v) >= min_size}
+            return any(self._done.values())
+
+    def _flush(self) -> None:
+        """Settle every finished message: one command per action and partition."""
+        with self._lock:
+            ready = {k: v for k, v in self._done.items() if v}
             for k in ready:
                 self._done[k] = []
         for action, messages in ready.items():

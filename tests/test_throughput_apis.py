@@ -1,0 +1,75 @@
+"""Batch settlement and the processor keep per-message answers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from settlement import (
+    AutoLockRenewer,
+    ServiceBusClient,
+    ServiceBusMessage,
+    ServiceBusReceivedMessage,
+)
+from settlement.exceptions import MessageLockLostError
+
+
+def send(client: ServiceBusClient, queue: str, count: int) -> None:
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}", message_id=f"m{i}")
+                              for i in range(count)])
+
+
+def test_complete_messages_answers_each_message(client: ServiceBusClient,
+                                                make_queue: Callable[..., str]) -> None:
+    queue = make_queue(lock_duration=1)
+    send(client, queue, 2)
+    receiver = client.get_queue_receiver(queue)
+    stale = receiver.receive_messages(1, max_wait_time=10)
+    time.sleep(1.5)  # the first message's lock lapses
+    fresh = receiver.receive_messages(2, max_wait_time=10)
+    assert {m.message_id for m in fresh} == {"m0", "m1"}
+    results = receiver.complete_messages(stale + fresh)
+    assert [r.succeeded for r in results] == [False, True, True]
+    assert isinstance(results[0].error, MessageLockLostError)
+
+
+def test_process_runs_handlers_concurrently_and_settles_in_batches(
+        client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+    queue = make_queue(lock_duration=10)
+    send(client, queue, 200)
+    receiver = client.get_queue_receiver(queue)
+    active, peak, seen = [0], [0], []
+    lock = threading.Lock()
+
+    def handler(message: ServiceBusReceivedMessage) -> None:
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+            seen.append((message.message_id, message.delivery_count))
+        time.sleep(0.002)
+        with lock:
+            active[0] -= 1
+        if message.message_id.endswith("7") and message.delivery_count == 1:
+            raise RuntimeError("first attempt fails")
+
+    stats = receiver.process(handler, max_concurrent_calls=4, batch_size=50, max_wait_time=2)
+    assert stats["completed"] == 200 and stats["abandoned"] == 20 and stats["lock_lost"] == 0
+    assert 1 < peak[0] <= 4
+    retried = {m for m, count in seen if count == 2}
+    assert retried == {f"m{i}" for i in range(200) if i % 10 == 7}
+
+
+def test_auto_lock_renewer_keeps_a_lock_past_its_duration(
+        client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+    queue = make_queue(lock_duration=2)
+    send(client, queue, 1)
+    receiver = client.get_queue_receiver(queue)
+    [message] = receiver.receive_messages(1, max_wait_time=10)
+    with AutoLockRenewer(max_lock_renewal_duration=30) as renewer:
+        renewer.register(receiver, message)
+        time.sleep(5)
+        other = client.get_queue_receiver(queue)
+        assert other.receive_messages(1, max_wait_time=0.5) == []
+        receiver.complete_message(message)
