@@ -1,0 +1,72 @@
+"""Several engine workers share a namespace's partitions; when one stops, the
+others take its windows over from the changelog."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from pathlib import Path
+
+from settlement import ServiceBusClient, ServiceBusMessage
+from settlement.embedded import EmbeddedBroker
+from settlement.management import ServiceBusAdministrationClient
+from tests.engine_process import EngineProcess
+
+QUEUES = [f"q{i}" for i in range(6)]
+
+
+def drain(client: ServiceBusClient, queue: str) -> set[str]:
+    receiver = client.get_queue_receiver(queue)
+    done: set[str] = set()
+    while batch := receiver.receive_messages(50, max_wait_time=1.5):
+        done |= {r.message.message_id for r in receiver.complete_messages(batch) if r.succeeded}
+    receiver.close()
+    return done
+
+
+def assigned_partitions(engine: EngineProcess) -> set[int]:
+    """Commands-topic partitions the worker's log says it was given last
+    (Faust prints them as ``{0-3}`` or ``{0, 2, 5}``)."""
+    text = engine.log_path.read_text(errors="replace")
+    found = re.findall(r"__commands\s*\|\s*\{([0-9, \-]+)\}", text)
+    partitions: set[int] = set()
+    for part in (found[-1].split(",") if found else []):
+        low, _, high = part.strip().partition("-")
+        partitions |= set(range(int(low), int(high or low) + 1))
+    return partitions
+
+
+def test_two_workers_share_the_namespace_and_survive_one_stopping(
+        broker: EmbeddedBroker, tmp_path: Path) -> None:
+    conn = broker.connection_string(f"pair{uuid.uuid4().hex[:6]}")
+    first = EngineProcess(conn, tmp_path / "one").start()
+    second = EngineProcess(conn, tmp_path / "two").start()
+    admin = ServiceBusAdministrationClient.from_connection_string(conn)
+    client = ServiceBusClient.from_connection_string(conn)
+    try:
+        for queue in QUEUES:
+            admin.create_queue(queue, lock_duration=5)
+            with client.get_queue_sender(queue) as sender:
+                sender.send_messages([ServiceBusMessage(f"{queue}-{i}", message_id=f"{i}")
+                                      for i in range(40)])
+        deadline = time.monotonic() + 20  # the first worker's rebalance may still be logging
+        while time.monotonic() < deadline:
+            one, two = assigned_partitions(first), assigned_partitions(second)
+            if one and two and not one & two and one | two == set(range(8)):
+                break
+            time.sleep(0.2)
+        assert one and two and not one & two and one | two == set(range(8)), (one, two)
+        halves = {queue: drain(client, queue) for queue in QUEUES[:3]}
+        assert all(len(done) == 40 for done in halves.values())
+        first.stop()  # the second worker takes every partition over
+        rest = {queue: drain(client, queue) for queue in QUEUES}
+        assert all(rest[q] == set() for q in QUEUES[:3])  # nothing completed comes back
+        assert all(len(rest[q]) == 40 for q in QUEUES[3:])
+        for queue in QUEUES:
+            assert admin.get_queue_runtime_properties(queue).active_message_count == 0
+    finally:
+        client.close()
+        admin.close()
+        first.stop()
+        second.stop()
