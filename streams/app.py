@@ -57,22 +57,17 @@ app = faust.App(
     value_serializer="raw",  # every record is bytes we encode ourselves
 )
 
-commands_topic = app.topic(
-    names.commands(namespace), key_type=bytes, value_type=bytes,
-    key_serializer="raw", value_serializer="raw", partitions=specs.ENGINE_PARTITIONS,
-)
-replies_topic = app.topic(
-    names.replies(namespace), key_type=bytes, value_type=bytes,
-    key_serializer="raw", value_serializer="raw", partitions=specs.REPLY_PARTITIONS,
-)
-events_topic = app.topic(
-    names.events(namespace), key_type=bytes, value_type=bytes,
-    key_serializer="raw", value_serializer="raw", partitions=specs.ENGINE_PARTITIONS,
-)
-state_topic = app.topic(
-    names.state(namespace), key_type=bytes, value_type=bytes,
-    key_serializer="raw", value_serializer="raw", partitions=specs.ENGINE_PARTITIONS,
-)
+
+
+def _bytes_topic(name: str, partitions: int) -> faust.TopicT:
+    """A topic of raw bytes keys and values; the record formats are ours."""
+    return app.topic(name, key_type=bytes, value_type=bytes, partitions=partitions)
+
+
+commands_topic = _bytes_topic(names.commands(namespace), specs.ENGINE_PARTITIONS)
+replies_topic = _bytes_topic(names.replies(namespace), specs.REPLY_PARTITIONS)
+events_topic = _bytes_topic(names.events(namespace), specs.ENGINE_PARTITIONS)
+state_topic = _bytes_topic(names.state(namespace), specs.ENGINE_PARTITIONS)
 
 #: entity#partition -> serialized :class:`streams.window.InflightWindow`.
 windows = app.Table(

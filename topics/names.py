@@ -21,6 +21,7 @@ it twice; the sub-queue is read by offset like the entity itself.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 DEAD_LETTER_SUFFIX = "/$deadletterqueue"
 _ENTITY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,199}$")
@@ -53,24 +54,20 @@ def entity_log(namespace: str, entity: str) -> str:
     return f"{namespace}.queue.{validate_entity(entity)}"
 
 
-def commands(namespace: str) -> str:
-    return f"{namespace}.__commands"
+def _namespace_topic(suffix: str) -> Callable[[str], str]:
+    def name(namespace: str) -> str:
+        return f"{namespace}.__{suffix}"
+
+    name.__name__ = suffix
+    name.__doc__ = f"``NS.__{suffix}``"
+    return name
 
 
-def replies(namespace: str) -> str:
-    return f"{namespace}.__replies"
-
-
-def events(namespace: str) -> str:
-    return f"{namespace}.__events"
-
-
-def state(namespace: str) -> str:
-    return f"{namespace}.__state"
-
-
-def entities(namespace: str) -> str:
-    return f"{namespace}.__entities"
+commands = _namespace_topic("commands")
+replies = _namespace_topic("replies")
+events = _namespace_topic("events")
+state = _namespace_topic("state")
+entities = _namespace_topic("entities")
 
 
 def engine_app_id(namespace: str) -> str:
