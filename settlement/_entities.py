@@ -7,10 +7,10 @@ import logging
 import time
 import uuid
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from settlement._properties import QueueProperties
-from settlement.exceptions import MessagingEntityNotFoundError
+from settlement.exceptions import MessagingEntityNotFoundError, ServiceBusConnectionError
 from topics import names
 from topics.connection import ConnectionSettings
 from topics.offsets import log_end_offsets
@@ -29,30 +29,51 @@ class EntityRegistry:
         self._loaded_at = 0.0
 
     def load(self) -> dict[str, QueueProperties]:
+        """Every definition; none in a namespace that was never provisioned."""
         consumer = Consumer(self._settings.consumer_config(f"entities-{uuid.uuid4().hex[:12]}"))
         try:
-            end = log_end_offsets(consumer, [(self._topic, 0)])[(self._topic, 0)]
-            queues: dict[str, QueueProperties] = {}
-            consumer.assign([TopicPartition(self._topic, 0, 0)])
-            position = 0
-            deadline = time.monotonic() + 30
-            while position < end and time.monotonic() < deadline:
-                for record in consumer.consume(num_messages=1000, timeout=0.1):
-                    if record.error():
-                        continue
-                    position = record.offset() + 1
-                    name = (record.key() or b"").decode(errors="replace")
-                    if record.value() is None:
-                        queues.pop(name, None)
-                        continue
-                    try:
-                        queues[name] = QueueProperties.from_json(record.value())
-                    except (ValueError, KeyError, TypeError) as exc:
-                        log.warning("ignoring unreadable definition of %r: %s", name, exc)
+            end = self._log_end(consumer)
+            queues = self._read(consumer, end) if end else {}
         finally:
             consumer.close()
         self._cache, self._loaded_at = queues, time.monotonic()
         return dict(queues)
+
+    def _log_end(self, consumer: Consumer) -> int:
+        try:
+            metadata = consumer.list_topics(self._topic, timeout=10)
+            if metadata.topics[self._topic].error is not None:
+                return 0  # not provisioned yet: no queues
+            return log_end_offsets(consumer, [(self._topic, 0)])[(self._topic, 0)]
+        except (KafkaException, TimeoutError) as exc:
+            reason = exc.args[0].str() if isinstance(exc, KafkaException) else str(exc)
+            raise ServiceBusConnectionError(
+                f"cannot read the queues of namespace {self._settings.namespace!r} from "
+                f"{self._settings.bootstrap_servers}: {reason}; check the Endpoint of the "
+                "connection string and that Kafka is running") from None
+
+    def _read(self, consumer: Consumer, end: int) -> dict[str, QueueProperties]:
+        queues: dict[str, QueueProperties] = {}
+        consumer.assign([TopicPartition(self._topic, 0, 0)])
+        position = 0
+        deadline = time.monotonic() + 30
+        while position < end:
+            if time.monotonic() > deadline:
+                raise ServiceBusConnectionError(
+                    f"reading {self._topic} stalled at offset {position} of {end}")
+            for record in consumer.consume(num_messages=1000, timeout=0.1):
+                if record.error():
+                    continue
+                position = record.offset() + 1
+                name = (record.key() or b"").decode(errors="replace")
+                if record.value() is None:
+                    queues.pop(name, None)
+                    continue
+                try:
+                    queues[name] = QueueProperties.from_json(record.value())
+                except (ValueError, KeyError, TypeError) as exc:
+                    log.warning("ignoring unreadable definition of %r: %s", name, exc)
+        return queues
 
     def get(self, name: str, *, fresh: bool = False) -> QueueProperties:
         if fresh or name not in self._cache or time.monotonic() - self._loaded_at > _CACHE_SECONDS:

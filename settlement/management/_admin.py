@@ -57,7 +57,6 @@ class ServiceBusAdministrationClient:
         return self._registry.get(queue_name, fresh=True)
 
     def list_queues(self) -> list[QueueProperties]:
-        specs.provision(self._admin, specs.namespace_topics(self._settings.namespace))
         return sorted(self._registry.load().values(), key=lambda q: q.name)
 
     def delete_queue(self, queue_name: str) -> None:

@@ -1,0 +1,480 @@
+"""``settlement``: run a broker or an engine worker, manage queues, send and receive.
+
+Every command that talks to a namespace takes ``--connection-string`` (or the
+``SETTLEMENT_CONNECTION_STRING`` environment variable)::
+
+    settlement broker --port 9092
+    settlement worker --connection-string "Endpoint=kafka://127.0.0.1:9092;Namespace=dev"
+    export SETTLEMENT_CONNECTION_STRING="Endpoint=kafka://127.0.0.1:9092;Namespace=dev"
+    settlement queue create orders --lock-duration 30 --max-delivery-count 5
+    settlement send orders '{"id": 1}' --property kind=order
+    settlement receive orders --max 10 --settle complete
+    settlement dlq orders
+
+Exit codes: 0 success, 1 some settlement failed (e.g. a lock was lost),
+2 usage or service error (printed as ``error: ...`` on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+
+from settlement._properties import DEFAULT_TTL
+from settlement.client import ServiceBusClient
+from settlement.exceptions import ServiceBusError
+from settlement.management import ServiceBusAdministrationClient
+from settlement.message import PropertyValue, ServiceBusMessage, ServiceBusReceivedMessage
+from settlement.receiver import ServiceBusReceiveMode, ServiceBusReceiver, ServiceBusSubQueue
+from topics.connection import ConnectionStringError
+from topics.specs import ProvisioningError
+
+log = logging.getLogger(__name__)
+
+ENV_CONNECTION_STRING = "SETTLEMENT_CONNECTION_STRING"
+#: Characters of a body shown by ``receive`` and ``dlq``.
+BODY_WIDTH = 60
+#: After the first messages arrive, how long a receive keeps draining for more.
+DRAIN_WAIT_S = 0.5
+#: Messages per ``send_messages`` call when ``send --count`` repeats bodies.
+SEND_CHUNK = 500
+#: ``--settle`` choice -> (receiver action, what the output says was done).
+SETTLE_ACTIONS = {
+    "complete": ("complete", "completed"),
+    "abandon": ("abandon", "abandoned"),
+    "dead-letter": ("dead_letter", "dead-lettered"),
+    "defer": ("defer", "deferred"),
+}
+
+
+class UsageError(ValueError):
+    """A command line that parses but cannot be carried out as given."""
+
+
+# --------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    """The ``settlement`` argument parser, one sub-command per function below."""
+    parser = argparse.ArgumentParser(
+        prog="settlement",
+        description="Service Bus settlement semantics (peek-lock, complete, abandon, "
+                    "dead-letter, defer) on Apache Kafka.")
+    _add_common(parser, top_level=True)
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    _add_common(common, top_level=False)
+
+    broker = commands.add_parser(
+        "broker", parents=[common], help="run the embedded Kafka-protocol broker (Tansu)",
+        description="Run the embedded Tansu broker in the foreground until interrupted.")
+    broker.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    broker.add_argument("--port", type=int, default=9092, help="port to listen on")
+    broker.set_defaults(handler=cmd_broker)
+
+    worker = commands.add_parser(
+        "worker", parents=[common], help="run an engine worker (Faust) for a namespace",
+        description="Run a settlement engine worker in the foreground until SIGTERM/SIGINT.")
+    worker.add_argument("--data-dir", default="data/engine",
+                        help="RocksDB directory, one per worker (default: data/engine)")
+    worker.add_argument("--web-port", type=int, default=None,
+                        help="Faust web server port (disabled by default)")
+    worker.add_argument("--loglevel", default="info",
+                        choices=["debug", "info", "warning", "error", "critical"],
+                        help="worker log level (default: info)")
+    worker.set_defaults(handler=cmd_worker)
+
+    _add_queue_commands(commands, common)
+    _add_send(commands, common)
+    _add_receive(commands, common)
+
+    dlq = commands.add_parser(
+        "dlq", parents=[common], help="list dead-lettered messages without settling them",
+        description="List the dead-letter sub-queue of QUEUE. Each message is received in "
+                    "peek-lock mode and abandoned, which puts it back in the sub-queue (its "
+                    "delivery count goes up by one).")
+    dlq.add_argument("queue", metavar="QUEUE")
+    dlq.add_argument("--max", type=int, default=100, metavar="N",
+                     help="at most this many (default: 100)")
+    dlq.add_argument("--wait", type=float, default=5.0,
+                     help="seconds to wait for the first message (default: 5)")
+    dlq.set_defaults(handler=cmd_dlq)
+    return parser
+
+
+def _add_common(parser: argparse.ArgumentParser, *, top_level: bool) -> None:
+    """``-v`` and ``--connection-string``, accepted before or after the command."""
+    # A sub-command's defaults would overwrite values given before the command,
+    # so there they are SUPPRESSed and only set when given.
+    default: Any = None if top_level else argparse.SUPPRESS
+    parser.add_argument("-v", "--verbose", action="count",
+                        default=0 if top_level else argparse.SUPPRESS,
+                        help="log more (-v info, -vv debug)")
+    parser.add_argument("--connection-string", default=default, metavar="CONN",
+                        help="'Endpoint=kafka://HOST:PORT;Namespace=NAME' "
+                             f"(default: ${ENV_CONNECTION_STRING})")
+
+
+def _add_queue_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    queue = commands.add_parser("queue", parents=[common], help="create, list, show, delete",
+                                description="Manage the queues of a namespace.")
+    queue.set_defaults(handler=None, parser=queue)
+    sub = queue.add_subparsers(title="queue commands", metavar="QUEUE_COMMAND")
+
+    create = sub.add_parser("create", parents=[common], help="create a queue",
+                            description="Create a queue; fails if it exists.")
+    create.add_argument("name", metavar="NAME")
+    create.add_argument("--lock-duration", type=float, default=None, metavar="SECONDS",
+                        help="peek-lock duration, 1..300 s (default: 60)")
+    create.add_argument("--max-delivery-count", type=int, default=None, metavar="N",
+                        help="deliveries before dead-lettering (default: 10)")
+    create.add_argument("--partitions", type=int, default=None, metavar="N",
+                        help="partitions of the queue's log, 1..64 (default: 1)")
+    create.set_defaults(handler=cmd_queue_create)
+
+    listing = sub.add_parser("list", parents=[common], help="list queues",
+                             description="List the queues of the namespace.")
+    listing.set_defaults(handler=cmd_queue_list)
+
+    show = sub.add_parser("show", parents=[common], help="show properties and counts",
+                          description="Show a queue's properties and runtime counts.")
+    show.add_argument("name", metavar="NAME")
+    show.set_defaults(handler=cmd_queue_show)
+
+    delete = sub.add_parser("delete", parents=[common], help="delete a queue",
+                            description="Delete a queue, its log and its messages.")
+    delete.add_argument("name", metavar="NAME")
+    delete.set_defaults(handler=cmd_queue_delete)
+
+
+def _add_send(commands: Any, common: argparse.ArgumentParser) -> None:
+    send = commands.add_parser(
+        "send", parents=[common], help="send messages to a queue",
+        description="Send each BODY (as UTF-8 text) to QUEUE, --count times over.")
+    send.add_argument("queue", metavar="QUEUE")
+    send.add_argument("body", metavar="BODY", nargs="+")
+    send.add_argument("--message-id", default=None, metavar="ID",
+                      help="message id; with more than one message, ID-0, ID-1, ...")
+    send.add_argument("--property", action="append", default=[], metavar="KEY=VALUE",
+                      help="application property (repeatable); VALUE is read as a JSON "
+                           "number, true/false/null when it is one, else as text")
+    send.add_argument("--count", type=int, default=1, metavar="N",
+                      help="send the bodies N times (progress bar above 100 messages)")
+    send.set_defaults(handler=cmd_send)
+
+
+def _add_receive(commands: Any, common: argparse.ArgumentParser) -> None:
+    receive = commands.add_parser(
+        "receive", parents=[common], help="receive and settle messages",
+        description="Receive up to --max messages, settle them all as --settle says, and "
+                    "print one line per message: sequence number, delivery count, message "
+                    "id, body and the settlement done.")
+    receive.add_argument("queue", metavar="QUEUE")
+    receive.add_argument("--max", type=int, default=1, metavar="N",
+                         help="at most this many messages (default: 1)")
+    receive.add_argument("--wait", type=float, default=5.0, metavar="SECONDS",
+                         help="seconds to wait for the first message (default: 5)")
+    receive.add_argument("--mode", choices=["peek-lock", "receive-and-delete"],
+                         default="peek-lock", help="receive mode (default: peek-lock)")
+    receive.add_argument("--settle", choices=[*SETTLE_ACTIONS, "none"], default=None,
+                         help="settlement for every message received (default: complete in "
+                              "peek-lock mode; none, i.e. deleted on receipt, in "
+                              "receive-and-delete mode)")
+    receive.add_argument("--reason", default=None, help="dead-letter reason")
+    receive.add_argument("--description", default=None, help="dead-letter error description")
+    receive.add_argument("--dead-letter", action="store_true",
+                         help="receive from the dead-letter sub-queue of QUEUE")
+    receive.set_defaults(handler=cmd_receive)
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return the process exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2, already printed)
+        return exc.code if isinstance(exc.code, int) else 2
+    _configure_logging(args.verbose)
+    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    if handler is None:
+        getattr(args, "parser", parser).print_help(sys.stderr)
+        return 2
+    try:
+        return handler(args)
+    except (ServiceBusError, ValueError, ConnectionStringError) as exc:
+        log.debug("command failed", exc_info=True)
+        print(f"error: {_message(exc)}", file=sys.stderr)
+        return 2
+    except (KafkaException, ProvisioningError, TimeoutError) as exc:
+        # Raw Kafka failures the library lets through (broker down, namespace
+        # not provisioned): still one line, not a traceback.
+        log.debug("command failed", exc_info=True)
+        print(f"error: Kafka request failed: {_message(exc)} (is the broker up and the "
+              "namespace provisioned by 'settlement worker'?)", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _configure_logging(verbose: int) -> None:
+    level = logging.WARNING if not verbose else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level)
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, ServiceBusError):
+        return exc.message
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0].str()
+    return str(exc)
+
+
+def _connection_string(args: argparse.Namespace) -> str:
+    conn = getattr(args, "connection_string", None) or os.environ.get(ENV_CONNECTION_STRING)
+    if not conn:
+        raise UsageError(f"no connection string: pass --connection-string or set "
+                         f"{ENV_CONNECTION_STRING} ('Endpoint=kafka://HOST:PORT;Namespace=NAME')")
+    return conn
+
+
+def _admin(args: argparse.Namespace) -> ServiceBusAdministrationClient:
+    return ServiceBusAdministrationClient.from_connection_string(_connection_string(args))
+
+
+def _client(args: argparse.Namespace) -> ServiceBusClient:
+    return ServiceBusClient.from_connection_string(_connection_string(args))
+
+
+# ------------------------------------------------------------------------- commands
+def cmd_broker(args: argparse.Namespace) -> int:
+    from settlement.broker_cli import run_broker
+
+    return run_broker(args.host, args.port)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from streams.worker import run_worker
+
+    run_worker(_connection_string(args), args.data_dir, args.web_port, args.loglevel)
+    return 0
+
+
+def cmd_queue_create(args: argparse.Namespace) -> int:
+    options = {"lock_duration": args.lock_duration,
+               "max_delivery_count": args.max_delivery_count,
+               "partition_count": args.partitions}
+    with _admin(args) as admin:
+        props = admin.create_queue(args.name,
+                                   **{k: v for k, v in options.items() if v is not None})
+    print(f"created queue {props.name!r}: lock_duration={_seconds(props.lock_duration)}, "
+          f"max_delivery_count={props.max_delivery_count}, "
+          f"partitions={props.partition_count}")
+    return 0
+
+
+def cmd_queue_list(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        queues = admin.list_queues()
+    if not queues:
+        print("no queues", file=sys.stderr)
+        return 0
+    rows = [[q.name, str(q.partition_count), _seconds(q.lock_duration),
+             str(q.max_delivery_count), q.created_at_utc.strftime("%Y-%m-%d %H:%M:%S")]
+            for q in queues]
+    print(format_table(["NAME", "PARTITIONS", "LOCK", "MAX DELIVERIES", "CREATED (UTC)"], rows))
+    return 0
+
+
+def cmd_queue_show(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        props = admin.get_queue(args.name)
+        runtime = admin.get_queue_runtime_properties(args.name)
+    fields = [
+        ("name", props.name),
+        ("lock_duration", _seconds(props.lock_duration)),
+        ("max_delivery_count", props.max_delivery_count),
+        ("partition_count", props.partition_count),
+        ("max_message_size_in_kilobytes", props.max_message_size_in_kilobytes),
+        ("default_message_time_to_live", _seconds(props.default_message_time_to_live)),
+        ("created_at_utc", props.created_at_utc.isoformat()),
+        ("active_message_count", runtime.active_message_count),
+        ("dead_letter_message_count", runtime.dead_letter_message_count),
+        ("deferred_message_count", runtime.deferred_message_count),
+        ("locked_message_count", runtime.locked_message_count),
+    ]
+    width = max(len(k) for k, _ in fields)
+    for key, value in fields:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def cmd_queue_delete(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        admin.delete_queue(args.name)
+    print(f"deleted queue {args.name!r}")
+    return 0
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    if args.count < 1:
+        raise UsageError(f"--count must be at least 1, got {args.count}")
+    properties = _parse_properties(args.property)
+    total = len(args.body) * args.count
+    messages = (_message_to_send(body, i, total, args.message_id, properties)
+                for i, body in enumerate(args.body * args.count))
+    from tqdm import tqdm
+
+    with _client(args) as client, client.get_queue_sender(args.queue) as sender, \
+            tqdm(total=total, unit="msg", disable=total <= 100, file=sys.stderr) as bar:
+        chunk: list[ServiceBusMessage] = []
+        for message in messages:
+            chunk.append(message)
+            if len(chunk) == SEND_CHUNK:
+                sender.send_messages(chunk)
+                bar.update(len(chunk))
+                chunk = []
+        if chunk:
+            sender.send_messages(chunk)
+            bar.update(len(chunk))
+    print(f"sent {total} message(s) to {args.queue!r}")
+    return 0
+
+
+def cmd_receive(args: argparse.Namespace) -> int:
+    mode = (ServiceBusReceiveMode.PEEK_LOCK if args.mode == "peek-lock"
+            else ServiceBusReceiveMode.RECEIVE_AND_DELETE)
+    settle = _settle_choice(args, mode)
+    sub_queue = ServiceBusSubQueue.DEAD_LETTER if args.dead_letter else None
+    with _client(args) as client, client.get_queue_receiver(
+            args.queue, sub_queue=sub_queue, receive_mode=mode) as receiver:
+        messages = receive_up_to(receiver, args.max, args.wait)
+        outcomes = _settle_all(receiver, messages, settle, args.reason, args.description)
+    for message, outcome in zip(messages, outcomes, strict=True):
+        print(f"seq={message.sequence_number} delivery={message.delivery_count} "
+              f"id={message.message_id} body={_body(message)} settled={outcome}")
+    print(f"received {len(messages)} message(s) from {receiver.entity_path!r}", file=sys.stderr)
+    return 1 if any(o.startswith("failed") for o in outcomes) else 0
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    with _client(args) as client, client.get_queue_receiver(
+            args.queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
+        messages = receive_up_to(receiver, args.max, args.wait)
+        if messages:
+            for result in receiver.abandon_messages(messages):
+                if not result.succeeded:  # the lock lapsed: it is back in the sub-queue anyway
+                    log.info("could not abandon %s: %s", result.message.sequence_number,
+                             result.error)
+    for message in messages:
+        print(f"seq={message.sequence_number} reason={message.dead_letter_reason} "
+              f"description={message.dead_letter_error_description} "
+              f"id={message.message_id} body={_body(message)}")
+    print(f"{len(messages)} dead-lettered message(s) in {args.queue!r} (left in place)",
+          file=sys.stderr)
+    return 0
+
+
+# -------------------------------------------------------------------------- helpers
+def receive_up_to(receiver: ServiceBusReceiver, max_count: int, wait: float
+                  ) -> list[ServiceBusReceivedMessage]:
+    """Up to ``max_count`` messages: wait ``wait`` s for the first ones, then take
+    what else arrives within :data:`DRAIN_WAIT_S`. Nothing is settled here, so
+    in peek-lock mode a message is received once (a lapsed lock that comes back
+    replaces the earlier copy)."""
+    if max_count < 1:
+        raise UsageError(f"--max must be at least 1, got {max_count}")
+    if wait < 0:
+        raise UsageError(f"--wait must not be negative, got {wait}")
+    got: dict[int, ServiceBusReceivedMessage] = {}
+    timeout = wait
+    while len(got) < max_count:
+        batch = receiver.receive_messages(max_count - len(got), max_wait_time=timeout)
+        if not batch:
+            break
+        got.update((m.sequence_number, m) for m in batch)
+        timeout = min(wait, DRAIN_WAIT_S)
+    return list(got.values())
+
+
+def _settle_choice(args: argparse.Namespace, mode: ServiceBusReceiveMode) -> str:
+    settle = args.settle
+    if mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE:
+        if settle not in (None, "none"):
+            raise UsageError("messages received in receive-and-delete mode are deleted on "
+                             f"receipt: drop --settle {settle} or use --mode peek-lock")
+        return "none"
+    settle = settle or "complete"
+    if (args.reason or args.description) and settle != "dead-letter":
+        raise UsageError("--reason and --description go with --settle dead-letter")
+    if args.dead_letter and settle in ("dead-letter", "defer"):
+        raise UsageError(f"messages in the dead-letter sub-queue cannot be "
+                         f"{SETTLE_ACTIONS[settle][1]} again: use --settle complete, abandon "
+                         "or none")
+    return settle
+
+
+def _settle_all(receiver: ServiceBusReceiver, messages: list[ServiceBusReceivedMessage],
+                settle: str, reason: str | None, description: str | None) -> list[str]:
+    """Settle every message in one command per partition; an outcome per message."""
+    if settle == "none" or not messages:
+        deleted = receiver.receive_mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE
+        return ["deleted-on-receipt" if deleted else "none (lock lapses)"] * len(messages)
+    action, done = SETTLE_ACTIONS[settle]
+    results = receiver.settle_messages(messages, action, reason, description)
+    return [done if r.error is None else f"failed ({_message(r.error)})" for r in results]
+
+
+def _parse_properties(pairs: list[str]) -> dict[str, PropertyValue]:
+    properties: dict[str, PropertyValue] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--property takes KEY=VALUE, got {pair!r}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        properties[key] = value if isinstance(value, int | float | bool | None) else raw
+    return properties
+
+
+def _message_to_send(body: str, index: int, total: int, message_id: str | None,
+                     properties: dict[str, PropertyValue]) -> ServiceBusMessage:
+    if message_id is not None and total > 1:
+        message_id = f"{message_id}-{index}"
+    return ServiceBusMessage(body, message_id=message_id,
+                             application_properties=dict(properties))
+
+
+def _body(message: ServiceBusReceivedMessage) -> str:
+    text = message.body.decode("utf-8", errors="replace")
+    if len(text) > BODY_WIDTH:
+        text = text[:BODY_WIDTH - 3] + "..."
+    return repr(text)
+
+
+def _seconds(delta: dt.timedelta) -> str:
+    if delta >= DEFAULT_TTL:
+        return "never"
+    return f"{delta.total_seconds():g}s"
+
+
+def format_table(headers: list[str], rows: list[list[str]]) -> str:
+    """Plain left-aligned columns with a header rule."""
+    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=True)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in [headers, ["-" * w for w in widths], *rows]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,492 @@
+"""``make demo``: every settlement path against a real broker and engine worker.
+
+Starts the embedded broker and one engine worker, creates queue ``orders``
+(2 s locks, 3 deliveries at most) and drives complete, abandon, a lapsed lock,
+dead-letter, defer, max delivery count, batch completion and (on a second
+queue) receive-and-delete. Then it reads the dead-letter sub-queue, prints the
+outcomes and the runtime counts, shuts everything down and exits 0 -- or 1,
+saying which expectation failed.
+
+Run it with ``python -m settlement.demo``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+from settlement import (
+    ServiceBusClient,
+    ServiceBusMessage,
+    ServiceBusMessageState,
+    ServiceBusReceivedMessage,
+    ServiceBusReceiveMode,
+    ServiceBusReceiver,
+    ServiceBusSubQueue,
+)
+from settlement.embedded import BrokerStartError, EmbeddedBroker
+from settlement.exceptions import MessageLockLostError, ServiceBusError
+from settlement.management import QueueRuntimeProperties, ServiceBusAdministrationClient
+
+log = logging.getLogger("settlement.demo")
+
+ROOT = Path(__file__).resolve().parent.parent
+NAMESPACE = "demo"
+QUEUE = "orders"
+RAD_QUEUE = "notifications"
+LOCK_S = 2
+MAX_DELIVERY = 3
+#: How long to wait for a message that should be there.
+WAIT_S = 10.0
+#: How long to wait to be sure no message comes.
+QUIET_S = 1.0
+WORKER_READY_TIMEOUT_S = 90.0
+WORKER_STOP_TIMEOUT_S = 20.0
+MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
+DEAD_LETTER_REASON = "InvalidOrder"
+DEAD_LETTER_DESCRIPTION = "quantity must be positive, got -2"
+
+
+class DemoFailure(Exception):
+    """An expectation the demo cannot continue without."""
+
+
+@dataclass
+class Outcome:
+    path: str
+    message_id: str
+    delivery_count: int
+    outcome: str
+
+
+class Demo:
+    """The paths, in order; each records its outcome and checks what it saw."""
+
+    def __init__(self, client: ServiceBusClient, admin: ServiceBusAdministrationClient) -> None:
+        self.client = client
+        self.admin = admin
+        self.outcomes: list[Outcome] = []
+        self.failures: list[str] = []
+        self.receiver: ServiceBusReceiver | None = None
+
+    # ----------------------------------------------------------------- checks
+    def expect(self, ok: bool, what: str) -> bool:
+        if not ok:
+            log.error("EXPECTATION FAILED: %s", what)
+            self.failures.append(what)
+        return ok
+
+    def record(self, path: str, message: ServiceBusReceivedMessage, outcome: str) -> None:
+        self.outcomes.append(Outcome(path, str(message.message_id), message.delivery_count,
+                                     outcome))
+
+    def receive_one(self, message_id: str, delivery_count: int,
+                    wait: float = WAIT_S) -> ServiceBusReceivedMessage:
+        """Receive the next message; it must be ``message_id`` on delivery ``delivery_count``."""
+        assert self.receiver is not None
+        got = self.receiver.receive_messages(1, max_wait_time=wait)
+        if not got:
+            raise DemoFailure(f"{message_id} was not delivered (delivery {delivery_count}) "
+                              f"within {wait:.0f} s")
+        message = got[0]
+        if message.message_id != message_id:
+            raise DemoFailure(f"expected {message_id} (delivery {delivery_count}), got "
+                              f"{message.message_id} (delivery {message.delivery_count})")
+        self.expect(message.delivery_count == delivery_count,
+                    f"{message_id}: delivery count {message.delivery_count}, "
+                    f"expected {delivery_count}")
+        log.info("  received %-16s seq=%d delivery=%d body=%s", message_id,
+                 message.sequence_number, message.delivery_count, _show(message.body))
+        return message
+
+    def expect_nothing(self, why: str) -> None:
+        assert self.receiver is not None
+        got = self.receiver.receive_messages(5, max_wait_time=QUIET_S)
+        if self.expect(not got, f"{why}, but received "
+                                f"{[(m.message_id, m.delivery_count) for m in got]}"):
+            log.info("  nothing to receive: %s", why)
+        else:
+            self.receiver.abandon_messages(got)
+
+    # ------------------------------------------------------------------ paths
+    def send_workload(self) -> None:
+        """One batch, in the order the paths below receive it; the lapse path
+        comes last so that waiting for its redelivery meets no fresh message."""
+        messages = [
+            _order("order-complete", 1, kind="order"),
+            _order("order-abandon", 2, kind="order"),
+            _order("order-deadletter", -2, kind="order"),
+            _order("order-defer", 3, kind="order", priority="low"),
+            ServiceBusMessage(b"\x00\xffnot json", message_id="order-poison",
+                              content_type="application/octet-stream",
+                              application_properties={"kind": "poison"}),
+            *[_order(f"batch-{i}", i, kind="bulk") for i in range(1, 6)],
+            _order("order-lapse", 7, kind="order"),
+        ]
+        with self.client.get_queue_sender(QUEUE) as sender:
+            batch = sender.create_message_batch()
+            for message in messages:
+                batch.add_message(message)
+            sender.send_messages(batch)
+        log.info("sent %d messages to %r in one batch", len(messages), QUEUE)
+
+    def path_complete(self) -> None:
+        log.info("[complete] receive and complete")
+        message = self.receive_one("order-complete", 1)
+        assert self.receiver is not None
+        self.receiver.complete_message(message)
+        self.record("complete", message, "completed")
+
+    def path_abandon(self) -> None:
+        log.info("[abandon] abandon, expect redelivery with delivery_count + 1, complete")
+        assert self.receiver is not None
+        first = self.receive_one("order-abandon", 1)
+        self.receiver.abandon_message(first)
+        again = self.receive_one("order-abandon", 2)
+        self.receiver.complete_message(again)
+        self.record("abandon", again, "abandoned once, completed on redelivery")
+
+    def path_dead_letter(self) -> None:
+        log.info("[dead-letter] dead_letter_message(reason=%r)", DEAD_LETTER_REASON)
+        assert self.receiver is not None
+        message = self.receive_one("order-deadletter", 1)
+        self.receiver.dead_letter_message(message, reason=DEAD_LETTER_REASON,
+                                          error_description=DEAD_LETTER_DESCRIPTION)
+        self.record("dead-letter", message, "dead-lettered")
+
+    def path_defer(self) -> None:
+        log.info("[defer] defer, receive_deferred_messages([seq]), complete")
+        assert self.receiver is not None
+        message = self.receive_one("order-defer", 1)
+        seq = message.sequence_number
+        self.receiver.defer_message(message)
+        counts = self.admin.get_queue_runtime_properties(QUEUE)
+        self.expect(counts.deferred_message_count == 1,
+                    f"deferred count {counts.deferred_message_count} after defer, expected 1")
+        log.info("  deferred seq=%d (runtime deferred count: %d)", seq,
+                 counts.deferred_message_count)
+        deferred = self.receiver.receive_deferred_messages([seq])
+        if not deferred:
+            raise DemoFailure(f"receive_deferred_messages([{seq}]) returned nothing")
+        message = deferred[0]
+        self.expect(message.message_id == "order-defer" and message.sequence_number == seq,
+                    f"deferred receive returned {message.message_id} seq "
+                    f"{message.sequence_number}, expected order-defer seq {seq}")
+        self.expect(message.state == ServiceBusMessageState.DEFERRED,
+                    f"deferred message has state {message.state!r}, expected DEFERRED")
+        self.receiver.complete_message(message)
+        log.info("  received deferred seq=%d delivery=%d, completed", seq,
+                 message.delivery_count)
+        self.record("defer", message, "deferred, received by sequence number, completed")
+
+    def path_max_delivery(self) -> None:
+        log.info("[max delivery] abandon until the engine dead-letters it (max %d)",
+                 MAX_DELIVERY)
+        assert self.receiver is not None
+        message = None
+        for delivery in range(1, MAX_DELIVERY + 1):
+            message = self.receive_one("order-poison", delivery)
+            self.receiver.abandon_message(message)
+        assert message is not None
+        self.record("max delivery count", message, "dead-lettered")
+
+    def path_batch(self) -> None:
+        log.info("[batch] receive 5 messages, complete_messages(list) in one settlement")
+        assert self.receiver is not None
+        want = {f"batch-{i}" for i in range(1, 6)}
+        got: list[ServiceBusReceivedMessage] = []
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < len(want) and time.monotonic() < deadline:
+            got += self.receiver.receive_messages(len(want) - len(got), max_wait_time=WAIT_S)
+        ids = {m.message_id for m in got}
+        if ids != want:
+            raise DemoFailure(f"batch receive got {sorted(map(str, ids))}, "
+                              f"expected {sorted(want)}")
+        results = self.receiver.complete_messages(got)
+        failed = [r.message.message_id for r in results if not r.succeeded]
+        self.expect(not failed, f"complete_messages failed for {failed}")
+        log.info("  completed %d messages in one call: %s", len(results),
+                 ", ".join(str(m.message_id) for m in got))
+        for message in got:
+            self.record("batch complete", message, "completed (complete_messages)")
+
+    def path_lapse(self) -> None:
+        log.info("[lapse] receive, do not settle, wait for the %d s lock to lapse", LOCK_S)
+        assert self.receiver is not None
+        first = self.receive_one("order-lapse", 1)
+        started = time.monotonic()
+        again = self.receive_one("order-lapse", 2, wait=LOCK_S + WAIT_S)
+        waited = time.monotonic() - started
+        self.expect(waited >= LOCK_S * 0.9,
+                    f"order-lapse came back after {waited:.1f} s, before its {LOCK_S} s lock")
+        log.info("  redelivered after %.1f s", waited)
+        try:
+            self.receiver.complete_message(first)
+            self.expect(False, "completing with the lapsed lock token succeeded")
+        except MessageLockLostError:
+            log.info("  completing the first delivery: MessageLockLostError, as expected")
+        self.receiver.complete_message(again)
+        self.record("lapsed lock", again, "lock lapsed, redelivered, completed")
+
+    def path_receive_and_delete(self) -> None:
+        log.info("[receive-and-delete] on %r: settled on receipt, nothing to settle", RAD_QUEUE)
+        with self.client.get_queue_sender(RAD_QUEUE) as sender:
+            sender.send_messages([ServiceBusMessage(f"notify {i}", message_id=f"notify-{i}")
+                                  for i in range(1, 4)])
+        with self.client.get_queue_receiver(
+                RAD_QUEUE, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
+            got: list[ServiceBusReceivedMessage] = []
+            deadline = time.monotonic() + WAIT_S
+            while len(got) < 3 and time.monotonic() < deadline:
+                got += receiver.receive_messages(3 - len(got), max_wait_time=WAIT_S)
+            self.expect(len(got) == 3, f"receive-and-delete got {len(got)} messages, expected 3")
+            self.expect(all(m.lock_token is None for m in got),
+                        "receive-and-delete messages carry lock tokens")
+            again = receiver.receive_messages(3, max_wait_time=QUIET_S)
+            self.expect(not again, f"receive-and-delete messages came back: "
+                                   f"{[m.message_id for m in again]}")
+        log.info("  received and deleted %s; nothing comes back",
+                 ", ".join(str(m.message_id) for m in got))
+        for message in got:
+            self.record("receive-and-delete", message, "deleted on receipt")
+
+    def read_dead_letters(self) -> list[ServiceBusReceivedMessage]:
+        """Peek-lock the dead-letter sub-queue, check the reasons, put them back."""
+        log.info("[dead-letter sub-queue] receive %s/$deadletterqueue, abandon to keep them",
+                 QUEUE)
+        with self.client.get_queue_receiver(
+                QUEUE, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
+            got: list[ServiceBusReceivedMessage] = []
+            deadline = time.monotonic() + WAIT_S
+            while len(got) < 2 and time.monotonic() < deadline:
+                got += receiver.receive_messages(10, max_wait_time=WAIT_S)
+            extra = receiver.receive_messages(10, max_wait_time=QUIET_S)
+            got += extra
+            if got:
+                receiver.abandon_messages(got)
+        reasons = {m.message_id: m.dead_letter_reason for m in got}
+        self.expect(reasons == {"order-deadletter": DEAD_LETTER_REASON,
+                                "order-poison": MAX_DELIVERY_REASON},
+                    f"dead-letter sub-queue holds {reasons}, expected order-deadletter "
+                    f"({DEAD_LETTER_REASON}) and order-poison ({MAX_DELIVERY_REASON})")
+        by_id = {m.message_id: m for m in got}
+        explicit = by_id.get("order-deadletter")
+        if explicit is not None:
+            self.expect(explicit.dead_letter_error_description == DEAD_LETTER_DESCRIPTION,
+                        f"dead-letter description {explicit.dead_letter_error_description!r}")
+        for row in self.outcomes:
+            if row.outcome == "dead-lettered":
+                found = by_id.get(row.message_id)
+                row.outcome = ("NOT in the dead-letter sub-queue" if found is None
+                               else f"dead-lettered: {found.dead_letter_reason}")
+        return got
+
+    def runtime_counts(self) -> dict[str, QueueRuntimeProperties]:
+        counts = {q: self.admin.get_queue_runtime_properties(q) for q in (QUEUE, RAD_QUEUE)}
+        expected = {QUEUE: (0, 2, 0, 0), RAD_QUEUE: (0, 0, 0, 0)}
+        for name, runtime in counts.items():
+            seen = _counts(runtime)
+            self.expect(seen == expected[name],
+                        f"{name} runtime counts (active, dead-letter, deferred, locked) "
+                        f"{seen}, expected {expected[name]}")
+        return counts
+
+
+# ------------------------------------------------------------------------- helpers
+def _order(message_id: str, quantity: int, **properties: str) -> ServiceBusMessage:
+    body = json.dumps({"order": message_id, "quantity": quantity})
+    return ServiceBusMessage(body, message_id=message_id, content_type="application/json",
+                             application_properties=properties)
+
+
+def _show(body: bytes, width: int = 60) -> str:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return repr(body[:width])
+    return text if text.isprintable() and len(text) <= width else repr(text[:width])
+
+
+def _counts(runtime: QueueRuntimeProperties) -> tuple[int, int, int, int]:
+    return (runtime.active_message_count, runtime.dead_letter_message_count,
+            runtime.deferred_message_count, runtime.locked_message_count)
+
+
+def format_table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(c) for c in column) for column in zip(headers, *rows, strict=True)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in [headers, ["-" * w for w in widths], *rows])
+
+
+def check_java() -> None:
+    try:
+        done = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("java is not available (%s): Spark jobs will need Java 17 "
+                    "(openjdk-17-jre-headless); the demo does not use Spark", exc)
+        return
+    first = (done.stderr or done.stdout).strip().splitlines()[:1]
+    if done.returncode != 0:
+        log.warning("'java -version' exited %d; Spark jobs will need Java 17",
+                    done.returncode)
+    else:
+        log.info("java: %s", first[0] if first else "(no version output)")
+
+
+@contextmanager
+def engine_worker(conn: str, workdir: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """One engine worker subprocess, logging to ``workdir/worker.log``; SIGTERMed on exit."""
+    log_path = workdir / "worker.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SETTLEMENT_TIMER_INTERVAL": "0.2"}
+    code = (f"from streams.worker import run_worker; "
+            f"run_worker({conn!r}, {str(workdir / 'engine')!r})")
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    log.info("started engine worker (pid %d, log %s)", proc.pid, log_path)
+    try:
+        _wait_ready(proc, log_path)
+        yield proc
+    finally:
+        _stop_worker(proc)
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    started = time.monotonic()
+    while time.monotonic() - started < WORKER_READY_TIMEOUT_S:
+        if proc.poll() is not None:
+            raise DemoFailure(f"the engine worker exited with {proc.returncode}:\n"
+                              f"{_tail(log_path)}")
+        if b"Worker]: Ready" in log_path.read_bytes():
+            log.info("engine worker ready after %.1f s", time.monotonic() - started)
+            return
+        time.sleep(0.1)
+    raise DemoFailure(f"the engine worker was not ready within {WORKER_READY_TIMEOUT_S:.0f} s:"
+                      f"\n{_tail(log_path)}")
+
+
+def _stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    log.info("stopping engine worker (SIGTERM, pid %d)", proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(WORKER_STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        log.warning("engine worker did not stop in %.0f s; killing it", WORKER_STOP_TIMEOUT_S)
+        proc.kill()
+        proc.wait()
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    with suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return "(no log)"
+
+
+def print_summary(demo: Demo, dead: list[ServiceBusReceivedMessage],
+                  counts: dict[str, QueueRuntimeProperties]) -> None:
+    print()
+    print("Outcomes")
+    print(format_table(["PATH", "MESSAGE ID", "DELIVERIES", "OUTCOME / REASON"],
+                       [[o.path, o.message_id, str(o.delivery_count), o.outcome]
+                        for o in demo.outcomes]))
+    print()
+    print(f"Dead-letter sub-queue of {QUEUE!r} (delivery count includes this read)")
+    print(format_table(["SEQ", "MESSAGE ID", "DELIVERIES", "REASON", "DESCRIPTION"],
+                       [[str(m.sequence_number), str(m.message_id), str(m.delivery_count),
+                         str(m.dead_letter_reason), str(m.dead_letter_error_description)]
+                        for m in dead]))
+    print()
+    print("Runtime counts (get_queue_runtime_properties)")
+    print(format_table(["QUEUE", "ACTIVE", "DEAD-LETTER", "DEFERRED", "LOCKED"],
+                       [[name, *map(str, _counts(rt))] for name, rt in counts.items()]))
+    print()
+
+
+def run(workdir: Path) -> int:
+    check_java()
+    with EmbeddedBroker() as broker:
+        log.info("embedded broker on %s", broker.bootstrap)
+        conn = broker.connection_string(NAMESPACE)
+        with engine_worker(conn, workdir):
+            code = drive(conn)
+            # Free the clients' librdkafka handles (some sit in reference cycles)
+            # while the broker is up, so they disconnect quietly.
+            gc.collect()
+            return code
+
+
+def drive(conn: str) -> int:
+    admin = ServiceBusAdministrationClient.from_connection_string(conn)
+    client = ServiceBusClient.from_connection_string(conn)
+    demo = Demo(client, admin)
+    try:
+        admin.create_queue(QUEUE, lock_duration=LOCK_S, max_delivery_count=MAX_DELIVERY)
+        admin.create_queue(RAD_QUEUE)
+        log.info("created queues %r (lock %d s, max delivery %d) and %r", QUEUE, LOCK_S,
+                 MAX_DELIVERY, RAD_QUEUE)
+        demo.send_workload()
+        with client.get_queue_receiver(QUEUE) as demo.receiver:
+            for path in (demo.path_complete, demo.path_abandon, demo.path_dead_letter,
+                         demo.path_defer, demo.path_max_delivery, demo.path_batch,
+                         demo.path_lapse):
+                path()
+            demo.expect_nothing(f"every message of {QUEUE!r} is settled or dead-lettered")
+        demo.path_receive_and_delete()
+        dead = demo.read_dead_letters()
+        counts = demo.runtime_counts()
+        print_summary(demo, dead, counts)
+    except (DemoFailure, ServiceBusError) as exc:
+        demo.failures.append(f"{type(exc).__name__}: {exc}")
+        log.error("the demo stopped: %s", exc)
+    finally:
+        client.close()
+        admin.close()
+    if demo.failures:
+        print("FAILED expectations:", file=sys.stderr)
+        for failure in demo.failures:
+            print(f"  - {failure}", file=sys.stderr)
+        return 1
+    print("All settlement paths behaved as expected.")
+    return 0
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
+                        datefmt="%H:%M:%S")
+    for name in ("settlement.demo", "settlement.embedded"):
+        logging.getLogger(name).setLevel(logging.INFO)
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="settlement-demo-"))
+    code = 1
+    try:
+        code = run(workdir)
+    except (DemoFailure, BrokerStartError) as exc:
+        log.error("%s", exc)
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        code = 130
+    finally:
+        if code == 0:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            log.error("kept the worker log for inspection: %s", workdir / "worker.log")
+    log.info("demo finished in %.1f s with exit code %d", time.monotonic() - started, code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

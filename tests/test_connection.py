@@ -1,0 +1,51 @@
+"""Connection strings, and clear errors for namespaces and brokers that are not there."""
+
+from __future__ import annotations
+
+import pytest
+
+from settlement import ServiceBusClient
+from settlement.embedded import EmbeddedBroker
+from settlement.exceptions import MessagingEntityNotFoundError, ServiceBusConnectionError
+from settlement.management import ServiceBusAdministrationClient
+from topics.connection import ConnectionStringError, parse_connection_string
+from topics.names import InvalidNameError
+
+
+def test_connection_string_parses_hosts_namespace_and_options() -> None:
+    settings = parse_connection_string(
+        "Endpoint=kafka://a:9092,b:9093;Namespace=shop;FetchMaxWaitMs=10;SecurityProtocol=SSL")
+    assert settings.bootstrap_servers == "a:9092,b:9093" and settings.namespace == "shop"
+    assert settings.fetch_max_wait_ms == 10 and settings.security == {"security.protocol": "SSL"}
+    assert parse_connection_string(settings.to_string()) == settings
+
+
+@pytest.mark.parametrize("conn, error, fragment", [
+    ("", ConnectionStringError, "empty"),
+    ("Endpoint=sb://x.servicebus.windows.net/;Namespace=a", ConnectionStringError, "kafka://"),
+    ("Endpoint=kafka://nohost;Namespace=a", ConnectionStringError, "HOST:PORT"),
+    ("Endpoint=kafka://h:1;Namespace=bad name", InvalidNameError, "namespace"),
+    ("Endpoint=kafka://h:1;Namespace=a;Colour=blue", ConnectionStringError, "colour"),
+])
+def test_bad_connection_strings_say_what_is_wrong(conn: str, error: type, fragment: str) -> None:
+    with pytest.raises(error, match=fragment):
+        parse_connection_string(conn)
+
+
+def test_never_provisioned_namespace_has_no_queues(broker: EmbeddedBroker) -> None:
+    conn = broker.connection_string("neverused")
+    with ServiceBusAdministrationClient.from_connection_string(conn) as admin:
+        assert admin.list_queues() == []
+        with pytest.raises(MessagingEntityNotFoundError, match="'ghost'"):
+            admin.get_queue("ghost")
+    with ServiceBusClient.from_connection_string(conn) as client:
+        with pytest.raises(MessagingEntityNotFoundError):
+            client.get_queue_receiver("ghost")
+
+
+def test_unreachable_broker_is_a_connection_error() -> None:
+    conn = "Endpoint=kafka://127.0.0.1:1;Namespace=nowhere"
+    with ServiceBusAdministrationClient.from_connection_string(conn) as admin:
+        with pytest.raises(ServiceBusConnectionError, match="Kafka is running") as info:
+            admin.list_queues()
+        assert info.value.retryable
