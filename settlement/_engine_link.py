@@ -33,6 +33,7 @@ from topics.commands import (
     encode_command,
 )
 from topics.connection import ConnectionSettings
+from topics.offsets import take
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ class EngineLink:
     def _read_replies(self) -> None:
         while not self._closed.is_set():
             try:
-                records = self._consumer.consume(num_messages=500, timeout=0.1)
+                records = take(self._consumer, 500, 0.1)
             except RuntimeError:  # consumer closed under us during shutdown
                 return
             for record in records:

@@ -13,7 +13,7 @@ from settlement._properties import QueueProperties
 from settlement.exceptions import MessagingEntityNotFoundError, ServiceBusConnectionError
 from topics import names
 from topics.connection import ConnectionSettings
-from topics.offsets import log_end_offsets
+from topics.offsets import log_end_offsets, take
 
 log = logging.getLogger(__name__)
 _CACHE_SECONDS = 2.0
@@ -61,7 +61,7 @@ class EntityRegistry:
             if time.monotonic() > deadline:
                 raise ServiceBusConnectionError(
                     f"reading {self._topic} stalled at offset {position} of {end}")
-            for record in consumer.consume(num_messages=1000, timeout=0.1):
+            for record in take(consumer, 1000, 0.1):
                 if record.error():
                     continue
                 position = record.offset() + 1

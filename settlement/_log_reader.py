@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from settlement.exceptions import ServiceBusCommunicationError
 from topics.connection import ConnectionSettings
+from topics.offsets import take
 
 _UNKNOWN = -1001
 _AHEAD_LIMIT = 10_000
@@ -43,7 +44,7 @@ class PartitionReader:
             self._refresh_hw()
             if self._hw != _UNKNOWN or time.monotonic() > deadline:
                 return max(self._hw, 0)
-            self._take(self._consumer.consume(num_messages=500, timeout=0.02))
+            self._take(take(self._consumer, 500, 0.02))
 
     def _refresh_hw(self) -> None:
         high = self._consumer.get_watermark_offsets(self._tp, cached=True)[1]
@@ -69,8 +70,7 @@ class PartitionReader:
                                               and wanted[0] - self._position > 500):
                 self._seek(wanted[0])
             want = set(wanted)
-            for record in self._take(self._consumer.consume(
-                    num_messages=min(len(wanted) + 50, 5000), timeout=0.05)):
+            for record in self._take(take(self._consumer, min(len(wanted) + 50, 5000), 0.05)):
                 if record.offset() in want:
                     found[record.offset()] = record
                 elif record.offset() > wanted[0] and len(self._ahead) < _AHEAD_LIMIT:

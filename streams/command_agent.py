@@ -32,6 +32,7 @@ from topics.commands import (
 
 log = logging.getLogger(__name__)
 _pending: asyncio.Queue[tuple[ReplyAddress, Reply]] = asyncio.Queue()
+_parsed: dict[bytes, tuple[bytes, InflightWindow]] = {}
 
 
 @app.agent(commands_topic)
@@ -63,21 +64,39 @@ async def _handle(event: EventT) -> None:
         return
     if cmd.op == "drop":
         windows.pop(key, None)
+        _parsed.pop(key, None)
         _reply_ok(cmd, {})
         return
-    raw = windows.get(key)
+    window = _load(key, cmd)
+    if window is None:
+        return
     try:
-        window = (InflightWindow.from_bytes(raw) if raw
-                  else InflightWindow(cmd.entity, cmd.partition))
+        outcome = window.apply(cmd, int(time.time() * 1000))
+    except Exception:
+        _parsed.pop(key, None)  # the object may be half-changed; reload from the table
+        raise
+    if outcome.changed:
+        stored = window.to_bytes()
+        windows[key] = stored
+        _parsed[key] = (stored, window)
+        await _publish(window, outcome.events)
+    _reply_ok(cmd, outcome.result)
+
+
+def _load(key: bytes, cmd: Command) -> InflightWindow | None:
+    """The window as stored in the table, parsed once: the parsed object is
+    reused while the table still holds exactly the bytes it was stored as."""
+    raw = windows.get(key)
+    cached = _parsed.get(key)
+    if cached is not None and raw is not None and cached[0] == raw:
+        return cached[1]
+    try:
+        return InflightWindow.from_bytes(raw) if raw else InflightWindow(cmd.entity,
+                                                                         cmd.partition)
     except (ValueError, KeyError, TypeError) as exc:
         log.error("window %s is unreadable (%s); leaving it untouched", cmd.window_key, exc)
         _reject(cmd, "StateUnreadable", f"the engine cannot read the state of {cmd.window_key}")
-        return
-    outcome = window.apply(cmd, int(time.time() * 1000))
-    if outcome.changed:
-        windows[key] = window.to_bytes()
-        await _publish(window, outcome.events)
-    _reply_ok(cmd, outcome.result)
+        return None
 
 
 async def _publish(window: InflightWindow, events: list[Event]) -> None:

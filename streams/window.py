@@ -141,19 +141,26 @@ class InflightWindow:
         return Outcome(result, events, changed=bool(events) or cmd.op != "stats")
 
     def _remember(self, cmd_id: str, result: dict[str, Any]) -> None:
+        """Keep what is needed to answer the command again, compactly: the
+        window is rewritten with every command, so its size is its cost."""
         if "grants" in result:  # acquires are rebuilt from their lock batch
             deleted = [g[0] for g in result["grants"] if g[1] is None]
             stored: Any = {"deleted": deleted} if deleted else None
-        else:
-            stored = result
+        else:  # settlements: only the answers that are not a plain "ok"
+            answers = result["results"]
+            stored = {"n": len(answers),
+                      "x": [[i, *a] for i, a in enumerate(answers) if a != ["ok", 0]]}
         self.recent[cmd_id] = stored
         while len(self.recent) > _RECENT:
             del self.recent[next(iter(self.recent))]
 
     def _replay(self, cmd: Command) -> dict[str, Any]:
         stored = self.recent[cmd.id]
-        if cmd.op not in ("acquire", "acquire_deferred"):
-            return stored
+        if cmd.op == "settle":
+            answers: list[list[Any]] = [["ok", 0] for _ in range(stored["n"])]
+            for index, status, until in stored["x"]:
+                answers[index] = [status, until]
+            return {"results": answers}
         batch = batch_id(cmd.id)
         grants = [self._grant(o, s) for o, s in sorted(self.slots.items())
                   if s[0] == LOCKED and s[2] == batch]

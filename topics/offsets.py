@@ -1,4 +1,6 @@
-"""Log end offsets that are right on every Kafka-protocol broker.
+"""Reading partitions: log end offsets that are right on every
+Kafka-protocol broker, and taking what a consumer has without waiting longer
+than needed.
 
 Tansu answers ListOffsets(latest) with the last batch's base offset + 1, not
 the log end (after one batch of 1,000 records it says 1); the high watermark
@@ -12,9 +14,22 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 _UNKNOWN = -1001  # librdkafka's OFFSET_INVALID in cached watermarks
+
+
+def take(consumer: Consumer, max_records: int, timeout: float) -> list[Message]:
+    """Up to ``max_records`` records: waits at most ``timeout`` for the first,
+    then takes what is already fetched. (``Consumer.consume(n, timeout)`` waits
+    the whole timeout unless ``n`` records arrive, which would put a fixed delay
+    on every request/reply round trip.)"""
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    if max_records <= 1:
+        return [first]
+    return [first, *consumer.consume(num_messages=max_records - 1, timeout=0)]
 
 
 def log_end_offsets(consumer: Consumer, partitions: list[tuple[str, int]],
@@ -33,7 +48,7 @@ def log_end_offsets(consumer: Consumer, partitions: list[tuple[str, int]],
             if time.monotonic() > deadline:
                 missing = sorted(set(partitions) - set(ends))
                 raise TimeoutError(f"no fetch response for {missing} within {timeout}s")
-            consumer.consume(num_messages=500, timeout=0.02)
+            take(consumer, 500, 0.02)
             for tp in partitions:
                 high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[1]
                 if high != _UNKNOWN and high >= lower[tp]:

@@ -1,0 +1,1 @@
+"""Benchmarks of the settlement layer (``python -m bench.run``)."""

@@ -1,0 +1,819 @@
+"""Throughput and latency of the settlement layer against raw Kafka.
+
+``python -m bench.run [--messages N] [--size 1024]`` starts an embedded broker
+(Tansu) and one engine worker subprocess, then measures on that one broker:
+
+1. raw Kafka: confluent-kafka produce (acks=all, idempotent) and a plain
+   assigned consumer (no commits), on a fresh topic;
+2. durable sends through ``ServiceBusSender.send_messages`` in lists;
+3. peek-lock: ``receive_messages(batch)`` + ``complete_messages(batch)``;
+4. peek-lock: one ``complete_message`` per message from several threads,
+   each thread with its own receiver of one client;
+5. receive-and-delete;
+6. latency of single ``complete_message`` calls (p50/p99).
+
+Every settled phase checks by message id that each message was settled
+exactly once. The table goes to stdout and the same figures as JSON to
+``bench/results/latest.json``. CPU seconds of the client, engine and broker
+processes are recorded per phase to show which one is the bottleneck.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from settlement import ServiceBusClient, ServiceBusMessage
+from settlement.embedded import EmbeddedBroker
+from settlement.exceptions import OperationTimeoutError, ServiceBusError
+from settlement.management import ServiceBusAdministrationClient
+from settlement.receiver import ServiceBusReceiveMode
+from settlement.sender import ServiceBusSender
+from topics.connection import parse_connection_string
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = ROOT / "bench" / "results"
+NAMESPACE = "bench"
+TARGET_SETTLED_PER_S = 15_000
+LOCK_SECONDS = 300  # the longest lock a queue allows: no lapse can blur the counts
+IDLE_S = 10.0       # a phase gives up after this long without a message
+
+log = logging.getLogger("bench")
+
+
+# --------------------------------------------------------------------- machine
+def machine_info() -> dict[str, Any]:
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count() or 0
+    return {
+        "cores": os.cpu_count(), "usable_cores": usable, "cpu_model": model,
+        "python": platform.python_version(), "implementation": platform.python_implementation(),
+        "platform": platform.platform(), "confluent_kafka": confluent_kafka.__version__,
+        "librdkafka": confluent_kafka.libversion()[0],
+    }
+
+
+# ------------------------------------------------------------------------ CPU
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+class CpuMeter:
+    """CPU seconds per process between two points of the bench."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+
+    def snapshot(self) -> dict[str, float]:
+        return {name: _cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    @staticmethod
+    def usage(before: dict[str, float], after: dict[str, float], wall: float
+              ) -> dict[str, float]:
+        """Cores each process kept busy on average (1.0 = one core flat out)."""
+        return {name: round((after[name] - before[name]) / wall, 2) if wall > 0 else 0.0
+                for name in before}
+
+
+@dataclass
+class Phase:
+    """One measured figure."""
+
+    key: str
+    label: str
+    messages: int
+    seconds: float
+    unit: str = "msg/s"
+    cpu: dict[str, float] = field(default_factory=dict)
+    check: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "messages": self.messages,
+                "seconds": round(self.seconds, 3), "rate": round(self.rate, 1),
+                "unit": self.unit, "cpu_cores": self.cpu, "check": self.check, **self.extra}
+
+
+class Timed:
+    """``with Timed(meter) as t:`` gives ``t.seconds`` and ``t.cpu`` afterwards."""
+
+    def __init__(self, meter: CpuMeter) -> None:
+        self.meter = meter
+        self.seconds = 0.0
+        self.cpu: dict[str, float] = {}
+        self.end: float | None = None  # set to stop the clock before the block ends
+
+    def __enter__(self) -> Timed:
+        self._cpu0 = self.meter.snapshot()
+        self.start = time.perf_counter()
+        return self
+
+    def stop(self) -> None:
+        if self.end is None:
+            self.end = time.perf_counter()
+            self._cpu1 = self.meter.snapshot()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        assert self.end is not None
+        self.seconds = self.end - self.start
+        self.cpu = CpuMeter.usage(self._cpu0, self._cpu1, self.seconds)
+
+
+# ------------------------------------------------------------- exactly once
+def check_exactly_once(expected: list[str], received: Counter[str], settled: Counter[str],
+                       failures: int = 0) -> dict[str, Any]:
+    """Each expected id received and settled once; nothing else."""
+    want = set(expected)
+    missing = [i for i in expected if settled[i] == 0]
+    check = {
+        "expected": len(expected),
+        "settled": sum(settled.values()),
+        "missing": len(missing),
+        "received_more_than_once": sum(1 for c in received.values() if c > 1),
+        "settled_more_than_once": sum(1 for c in settled.values() if c > 1),
+        "unexpected": sum(1 for i in received if i not in want),
+        "settle_failures": failures,
+    }
+    check["ok"] = (check["missing"] == 0 and check["received_more_than_once"] == 0
+                   and check["settled_more_than_once"] == 0 and check["unexpected"] == 0
+                   and failures == 0)
+    if missing:
+        check["missing_sample"] = missing[:5]
+    return check
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(samples)
+    if not ordered:
+        return float("nan")
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+# ------------------------------------------------------------ raw baseline
+def raw_kafka(bootstrap: str, conn: str, n: int, size: int, meter: CpuMeter,
+              latency_samples: int) -> list[Phase]:
+    settings = parse_connection_string(conn)
+    topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(15)
+    payload = os.urandom(size)
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all",
+                         "enable.idempotence": True, "linger.ms": 2,
+                         "batch.num.messages": 10_000, "compression.type": "none"})
+    errors: list[Any] = []
+    # An idempotent producer's first ack waits for InitProducerId (~0.5-1 s on
+    # Tansu): pay that before the clock starts, as the settlement sender does.
+    producer.produce(topic, payload, key=b"warm-up")
+    producer.flush(15)
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+
+    def produce(key: bytes) -> None:
+        while True:
+            try:
+                producer.produce(topic, payload, key=key, on_delivery=delivered)
+                return
+            except BufferError:
+                producer.poll(0.05)
+
+    phases = []
+    with Timed(meter) as t:
+        for i in range(n):
+            produce(b"r-%d" % i)
+            if i % 1000 == 999:
+                producer.poll(0)
+        producer.flush(60)
+    if errors:
+        raise RuntimeError(f"raw produce failed: {errors[0]}")
+    phases.append(Phase("raw_produce", "raw produce (acks=all, idempotent, streaming)", n,
+                        t.seconds, cpu=t.cpu))
+
+    # The same, but waiting for the acks of every 1000 like send_messages(list) does.
+    with Timed(meter) as t:
+        for start in range(0, n, 1000):
+            for i in range(start, min(n, start + 1000)):
+                produce(b"s-%d" % i)
+            producer.flush(60)
+    phases.append(Phase("raw_produce_lists", "raw produce, flush every 1000", n, t.seconds,
+                        cpu=t.cpu))
+
+    # Consume n records (after the warm-up one) with a plain assigned consumer,
+    # no commits. consume() returns once it has num_messages or at the timeout.
+    consumer = Consumer(settings.consumer_config(f"bench-raw-{uuid.uuid4().hex[:8]}"))
+    got, seen_bytes = 0, 0
+    with Timed(meter) as t:
+        consumer.assign([TopicPartition(topic, 0, 1)])
+        deadline = time.monotonic() + 120
+        while got < n and time.monotonic() < deadline:
+            for record in consumer.consume(num_messages=1000, timeout=0.1):
+                if record.error() is None and record.offset() <= n:
+                    got += 1
+                    seen_bytes += len(record.value())
+    consumer.close()
+    if got < n:
+        log.warning("raw consumer read only %d of %d records", got, n)
+    phases.append(Phase("raw_consume", "raw consume (assign, no commits)", got, t.seconds,
+                        cpu=t.cpu))
+
+    # Produce-to-ack latency of single records: the floor of any round trip
+    # through the broker that needs one durable write.
+    lat = []
+    for i in range(latency_samples):
+        t0 = time.perf_counter()
+        produce(b"l-%d" % i)
+        producer.flush(10)
+        lat.append((time.perf_counter() - t0) * 1000)
+    producer.flush(10)
+    phases.append(Phase("raw_ack_latency", "raw single produce -> ack latency",
+                        latency_samples, sum(lat) / 1000, unit="ms",
+                        extra={"p50_ms": round(percentile(lat, 50), 2),
+                               "p99_ms": round(percentile(lat, 99), 2),
+                               "mean_ms": round(statistics.fmean(lat), 2)}))
+    return phases
+
+
+# ----------------------------------------------------------- settlement layer
+def make_messages(prefix: str, n: int, size: int) -> list[ServiceBusMessage]:
+    body = os.urandom(size)
+    return [ServiceBusMessage(body, message_id=f"{prefix}-{i}") for i in range(n)]
+
+
+def warm_sender(client: ServiceBusClient, queue: str, first: ServiceBusMessage
+                ) -> tuple[ServiceBusSender, float]:
+    """A sender whose producer is connected and has its producer id: sends
+    ``first`` (one of the phase's messages) and returns how long that took."""
+    sender = client.get_queue_sender(queue)
+    t0 = time.perf_counter()
+    sender.send_messages(first)
+    return sender, time.perf_counter() - t0
+
+
+def send(client: ServiceBusClient, queue: str, messages: list[ServiceBusMessage],
+         chunk: int) -> None:
+    sender, _ = warm_sender(client, queue, messages[0])
+    for start in range(1, len(messages), chunk):
+        sender.send_messages(messages[start:start + chunk])
+    sender.close()
+
+
+def settle_in_batches(client: ServiceBusClient, queue: str, ids: list[str], batch: int,
+                      meter: CpuMeter) -> Phase:
+    receiver = client.get_queue_receiver(queue)
+    received: Counter[str] = Counter()
+    settled: Counter[str] = Counter()
+    failures = rounds = 0
+    with Timed(meter) as t:
+        while sum(settled.values()) + failures < len(ids):
+            msgs = receiver.receive_messages(batch, max_wait_time=IDLE_S)
+            if not msgs:
+                log.warning("peek-lock: nothing received for %.0fs; giving up", IDLE_S)
+                break
+            rounds += 1
+            received.update(m.message_id for m in msgs)
+            for result in receiver.complete_messages(msgs):
+                if result.succeeded:
+                    settled[result.message.message_id] += 1
+                else:
+                    failures += 1
+    leftover = receiver.receive_messages(batch, max_wait_time=0.5)
+    receiver.close()  # an open receiver keeps fetching and loads the broker
+    received.update(m.message_id for m in leftover)
+    check = check_exactly_once(ids, received, settled, failures)
+    check["left_in_queue"] = len(leftover)
+    check["ok"] = check["ok"] and not leftover
+    return Phase("peek_lock_batch", f"peek-lock receive({batch}) + complete_messages(batch)",
+                 len(ids), t.seconds, cpu=t.cpu, check=check,
+                 extra={"receive_rounds": rounds,
+                        "mean_batch": round(sum(received.values()) / max(rounds, 1), 1)})
+
+
+def settle_batches_threads(client: ServiceBusClient, queue: str, ids: list[str],
+                           threads: int, batch: int, meter: CpuMeter) -> Phase:
+    """Several threads, each with its own receiver, each doing
+    ``receive_messages(batch)`` + ``complete_messages``: round trips overlap."""
+    receivers = [client.get_queue_receiver(queue) for _ in range(threads)]
+    received: Counter[str] = Counter()
+    settled: Counter[str] = Counter()
+    lock = threading.Lock()
+    failures: list[str] = []
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def work(receiver: Any, timer: Timed) -> None:
+        idle_since = time.monotonic()
+        try:
+            while not done.is_set():
+                msgs = receiver.receive_messages(batch, max_wait_time=0.5)
+                if not msgs:
+                    if time.monotonic() - idle_since > IDLE_S:
+                        return
+                    continue
+                idle_since = time.monotonic()
+                results = receiver.complete_messages(msgs)
+                with lock:
+                    received.update(m.message_id for m in msgs)
+                    for result in results:
+                        if result.succeeded:
+                            settled[result.message.message_id] += 1
+                        else:
+                            failures.append(f"{result.message.message_id}: {result.error}")
+                    if sum(settled.values()) + len(failures) >= len(ids):
+                        timer.stop()
+                        done.set()
+        except BaseException as exc:  # report, do not hang the bench
+            errors.append(exc)
+
+    with Timed(meter) as t:
+        workers = [threading.Thread(target=work, args=(r, t), name=f"bench-b{i}", daemon=True)
+                   for i, r in enumerate(receivers)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    if errors:
+        raise errors[0]
+    leftover = receivers[0].receive_messages(batch, max_wait_time=0.5)
+    for r in receivers:
+        r.close()
+    received.update(m.message_id for m in leftover)
+    check = check_exactly_once(ids, received, settled, len(failures))
+    check["left_in_queue"] = len(leftover)
+    check["ok"] = check["ok"] and not leftover
+    if failures:
+        check["failure_sample"] = failures[:3]
+    return Phase("peek_lock_batch_threads",
+                 f"peek-lock, {threads} threads x receive({batch}) + complete_messages",
+                 sum(settled.values()), t.seconds, cpu=t.cpu, check=check)
+
+
+def settle_per_message_threads(client: ServiceBusClient, queue: str, ids: list[str],
+                               threads: int, batch: int, budget: float,
+                               meter: CpuMeter) -> Phase:
+    """Each thread: its own receiver (a PartitionReader is not thread-safe),
+    ``receive_messages(batch)``, then one ``complete_message`` per message.
+
+    The clock stops when the last expected message is settled or after
+    ``budget`` seconds; the rate counts what was settled by then. Threads then
+    finish the messages they hold and whatever is left is drained with batch
+    settlements (untimed), so the exactly-once check still covers every id."""
+    receivers = [client.get_queue_receiver(queue) for _ in range(threads)]
+    received: Counter[str] = Counter()
+    settled: Counter[str] = Counter()
+    lock = threading.Lock()
+    failures: list[str] = []
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    at_stop = {"settled": 0}
+
+    def stop_clock(timer: Timed) -> None:
+        if not stop.is_set():
+            timer.stop()
+            at_stop["settled"] = sum(settled.values())
+            stop.set()
+
+    def work(receiver: Any, timer: Timed) -> None:
+        idle_since = time.monotonic()
+        try:
+            while not stop.is_set():
+                msgs = receiver.receive_messages(batch, max_wait_time=0.5)
+                if not msgs:
+                    if time.monotonic() - idle_since > IDLE_S:
+                        return
+                    continue
+                idle_since = time.monotonic()
+                with lock:
+                    received.update(m.message_id for m in msgs)
+                for m in msgs:  # finish what this thread holds, even after the clock
+                    try:
+                        receiver.complete_message(m)
+                    except ServiceBusError as exc:
+                        with lock:
+                            failures.append(f"{m.message_id}: {exc}")
+                        continue
+                    with lock:
+                        settled[m.message_id] += 1
+                        if sum(settled.values()) + len(failures) >= len(ids):
+                            stop_clock(timer)
+        except BaseException as exc:  # report, do not hang the bench
+            errors.append(exc)
+
+    with Timed(meter) as t:
+        workers = [threading.Thread(target=work, args=(r, t), name=f"bench-{i}", daemon=True)
+                   for i, r in enumerate(receivers)]
+        for w in workers:
+            w.start()
+        deadline = time.monotonic() + budget
+        while not stop.is_set() and any(w.is_alive() for w in workers):
+            stop.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            if time.monotonic() >= deadline:
+                with lock:
+                    stop_clock(t)
+        for w in workers:
+            w.join()
+    if errors:
+        raise errors[0]
+    timed = at_stop["settled"] if stop.is_set() else sum(settled.values())
+    # Drain what the budget left behind (not timed), then check every id.
+    drained = 0
+    if sum(settled.values()) + len(failures) < len(ids):
+        drain = client.get_queue_receiver(queue)
+        while sum(settled.values()) + len(failures) < len(ids):
+            msgs = drain.receive_messages(500, max_wait_time=IDLE_S)
+            if not msgs:
+                break
+            received.update(m.message_id for m in msgs)
+            for result in drain.complete_messages(msgs):
+                if result.succeeded:
+                    settled[result.message.message_id] += 1
+                    drained += 1
+                else:
+                    failures.append(f"{result.message.message_id}: {result.error}")
+        drain.close()
+    leftover = receivers[0].receive_messages(500, max_wait_time=0.5)
+    for r in receivers:
+        r.close()
+    received.update(m.message_id for m in leftover)
+    check = check_exactly_once(ids, received, settled, len(failures))
+    check["left_in_queue"] = len(leftover)
+    check["ok"] = check["ok"] and not leftover
+    if failures:
+        check["failure_sample"] = failures[:3]
+    return Phase("peek_lock_threads",
+                 f"peek-lock, {threads} threads x complete_message (receive({batch}))",
+                 timed, t.seconds, cpu=t.cpu, check=check,
+                 extra={"budget_s": budget, "stopped_by_budget": timed < len(ids),
+                        "settled_after_clock": len(ids) - timed - drained,
+                        "drained_untimed": drained})
+
+
+def receive_and_delete(client: ServiceBusClient, queue: str, ids: list[str], batch: int,
+                       meter: CpuMeter) -> Phase:
+    receiver = client.get_queue_receiver(queue,
+                                         receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
+    received: Counter[str] = Counter()
+    with Timed(meter) as t:
+        while sum(received.values()) < len(ids):
+            msgs = receiver.receive_messages(batch, max_wait_time=IDLE_S)
+            if not msgs:
+                log.warning("receive-and-delete: nothing received for %.0fs; giving up", IDLE_S)
+                break
+            received.update(m.message_id for m in msgs)
+    leftover = receiver.receive_messages(batch, max_wait_time=0.5)
+    receiver.close()
+    received.update(m.message_id for m in leftover)
+    # In this mode a message is settled by being received.
+    check = check_exactly_once(ids, received, received)
+    return Phase("receive_and_delete", f"receive-and-delete receive({batch})", len(ids),
+                 t.seconds, cpu=t.cpu, check=check)
+
+
+def settle_latency(client: ServiceBusClient, queue: str, ids: list[str],
+                   meter: CpuMeter) -> Phase:
+    receiver = client.get_queue_receiver(queue)
+    msgs: list[Any] = []
+    deadline = time.monotonic() + 60
+    while len(msgs) < len(ids) and time.monotonic() < deadline:
+        msgs += receiver.receive_messages(len(ids) - len(msgs), max_wait_time=IDLE_S)
+    received = Counter(m.message_id for m in msgs)
+    settled: Counter[str] = Counter()
+    lat: list[float] = []
+    failures = 0
+    with Timed(meter) as t:
+        for m in msgs:
+            t0 = time.perf_counter()
+            try:
+                receiver.complete_message(m)
+            except ServiceBusError:
+                failures += 1
+                continue
+            lat.append((time.perf_counter() - t0) * 1000)
+            settled[m.message_id] += 1
+    receiver.close()
+    check = check_exactly_once(ids, received, settled, failures)
+    return Phase("settle_latency", "single complete_message latency", len(lat),
+                 sum(lat) / 1000, unit="ms", cpu=t.cpu, check=check,
+                 extra={"p50_ms": round(percentile(lat, 50), 2),
+                        "p90_ms": round(percentile(lat, 90), 2),
+                        "p99_ms": round(percentile(lat, 99), 2),
+                        "max_ms": round(max(lat), 2) if lat else None,
+                        "mean_ms": round(statistics.fmean(lat), 2) if lat else None})
+
+
+# ------------------------------------------------------------------- engine
+def start_worker(conn: str, data_dir: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    code = f"from streams.worker import run_worker; run_worker({conn!r}, {str(data_dir)!r})"
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
+                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
+
+
+def stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_for_engine(client: ServiceBusClient, queue: str, worker: subprocess.Popen[bytes],
+                    timeout: float = 120.0) -> float:
+    """Block until the engine answers an acquire on ``queue`` (an empty queue)."""
+    t0 = time.monotonic()
+    receiver = client.get_queue_receiver(queue)
+    while True:
+        if worker.poll() is not None:
+            raise RuntimeError(f"the engine worker exited with code {worker.returncode}")
+        try:
+            receiver.receive_messages(1, max_wait_time=0)
+            receiver.close()
+            return time.monotonic() - t0
+        except OperationTimeoutError:
+            if time.monotonic() - t0 > timeout:
+                raise
+
+
+# ------------------------------------------------------------------- report
+def fmt_rate(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def render(machine: dict[str, Any], args: argparse.Namespace, phases: dict[str, Phase],
+           derived: dict[str, Any]) -> str:
+    raw_p, raw_c = phases["raw_produce"].rate, phases["raw_consume"].rate
+    lines = [
+        "",
+        "Settlement layer benchmark (embedded Tansu broker, 1 engine worker)",
+        f"machine: {machine['cores']} cores ({machine['usable_cores']} usable), "
+        f"{machine['cpu_model']}; {machine['implementation']} {machine['python']}; "
+        f"confluent-kafka {machine['confluent_kafka']} / librdkafka {machine['librdkafka']}",
+        f"messages per phase: {args.messages:,} x {args.size} B bodies",
+        "",
+    ]
+    head = (f"{'figure':<52} {'result':>12}  {'raw Kafka baseline':>24}  {'vs raw':>7}"
+            f"  {'cores busy client/engine/broker':>31}")
+    lines += [head, "-" * len(head)]
+
+    def row(label: str, value: str, base: str, ratio: str, cpu: dict[str, float]) -> None:
+        busy = "/".join(f"{cpu.get(k, 0):.2f}" for k in ("client", "engine", "broker")) \
+            if cpu else ""
+        lines.append(f"{label:<52} {value:>12}  {base:>24}  {ratio:>7}  {busy:>31}")
+
+    def thr(key: str, base_rate: float, base_label: str) -> None:
+        p = phases[key]
+        row(p.label + (" [!]" if p.check and not p.check.get("ok") else ""),
+            fmt_rate(p.rate) + " /s", f"{fmt_rate(base_rate)} /s {base_label}",
+            f"{p.rate / base_rate:.0%}" if base_rate else "", p.cpu)
+
+    thr("raw_produce", raw_p, "(itself)")
+    thr("raw_produce_lists", raw_p, "produce")
+    thr("raw_consume", raw_c, "(itself)")
+    thr("send", phases["raw_produce_lists"].rate, "flush/1000")
+    thr("peek_lock_batch", raw_c, "consume")
+    e2e = derived["end_to_end_rate"]
+    raw_e2e = derived["raw_end_to_end_rate"]
+    row("  end to end: send + receive + complete_messages", fmt_rate(e2e) + " /s",
+        f"{fmt_rate(raw_e2e)} /s prod+cons", f"{e2e / raw_e2e:.0%}" if raw_e2e else "", {})
+    thr("peek_lock_batch_threads", raw_c, "consume")
+    thr("peek_lock_threads", raw_c, "consume")
+    pt = phases["peek_lock_threads"]
+    if pt.extra.get("stopped_by_budget"):
+        lines.append(f"  (clock stopped by the {pt.extra['budget_s']:.0f}s budget after "
+                     f"{pt.messages:,} settled; the rest was drained untimed and checked)")
+    thr("receive_and_delete", raw_c, "consume")
+    lat, raw_lat = phases["settle_latency"], phases["raw_ack_latency"]
+    row(f"{lat.label} p50 (n={lat.messages})", f"{lat.extra['p50_ms']:.2f} ms",
+        f"{raw_lat.extra['p50_ms']:.2f} ms produce->ack", "", lat.cpu)
+    row(f"{lat.label} p99", f"{lat.extra['p99_ms']:.2f} ms",
+        f"{raw_lat.extra['p99_ms']:.2f} ms produce->ack", "", {})
+    lines.append("")
+    best = derived["best_settled_peek_lock_rate"]
+    verdict = "meets" if best >= TARGET_SETTLED_PER_S else "MISSES"
+    lines.append(f"target >= {TARGET_SETTLED_PER_S:,} settled peek-lock msg/s with one engine "
+                 f"worker: best measured {fmt_rate(best)} /s -> {verdict} the target "
+                 f"({best / TARGET_SETTLED_PER_S:.0%})")
+    for p in phases.values():
+        if p.check and not p.check.get("ok"):
+            lines.append(f"WARNING: {p.label}: not every message settled exactly once: "
+                         f"{json.dumps(p.check)}")
+    if all(p.check.get("ok", True) for p in phases.values()):
+        lines.append("exactly-once check: every message of every settled phase was received "
+                     "and settled exactly once, none left in the queue")
+    lines.append("cores busy = CPU seconds / wall seconds of each process during the phase")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    p.add_argument("--messages", "-n", type=int, default=20_000,
+                   help="messages per throughput phase (default 20000)")
+    p.add_argument("--size", type=int, default=1024, help="body bytes (default 1024)")
+    p.add_argument("--send-chunk", type=int, default=1000,
+                   help="messages per send_messages call (default 1000)")
+    p.add_argument("--batch", type=int, default=500,
+                   help="max_message_count of batch receives (default 500)")
+    p.add_argument("--batch-threads", type=int, default=4,
+                   help="threads of the concurrent batch phase (default 4)")
+    p.add_argument("--threads", type=int, default=8, help="threads of the per-message phase")
+    p.add_argument("--thread-batch", type=int, default=50,
+                   help="max_message_count of each thread's receives (default 50)")
+    p.add_argument("--budget", type=float, default=30.0,
+                   help="seconds the per-message thread phase may run before its clock "
+                        "stops; the rest is drained untimed (default 30)")
+    p.add_argument("--latency-samples", type=int, default=300,
+                   help="single complete_message calls timed (default 300)")
+    p.add_argument("--output", type=Path, default=None,
+                   help="where to write the JSON results (default bench/results/latest.json)")
+    p.add_argument("--keep-logs", action="store_true",
+                   help="keep the broker and worker logs and the engine's data dir")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    if args.output is None:
+        args.output = RESULTS_DIR / "latest.json"
+    machine = machine_info()
+    work = Path(tempfile.mkdtemp(prefix="settlement-bench-"))
+    n, size = args.messages, args.size
+    phases: dict[str, Phase] = {}
+    started = time.monotonic()
+    ok = False
+    print(f"bench: {n:,} messages x {size} B per phase; scratch dir {work}", flush=True)
+    broker = EmbeddedBroker(log_path=work / "broker.log")
+    broker.start()
+    worker = None
+    try:
+        conn = broker.connection_string(NAMESPACE)
+        worker = start_worker(conn, work / "engine-data", work / "worker.log")
+        broker_proc = getattr(broker, "_proc", None)
+        pids = {"client": os.getpid(), "engine": worker.pid}
+        if broker_proc is not None:
+            pids["broker"] = broker_proc.pid
+        meter = CpuMeter(pids)
+
+        def step(msg: str) -> None:
+            print(f"[{time.monotonic() - started:6.1f}s] {msg}", flush=True)
+
+        admin = ServiceBusAdministrationClient.from_connection_string(conn)
+        queues = ["warmup", "peek", "batchthreads", "threads", "rad", "latency"]
+        for q in queues:
+            admin.create_queue(q, lock_duration=LOCK_SECONDS, max_delivery_count=10)
+        with ServiceBusClient.from_connection_string(conn) as client:
+            ready = wait_for_engine(client, "warmup", worker)
+            step(f"engine ready after {ready:.1f}s")
+
+            # Warm-up: connections, readers and the engine's first windows.
+            warm = make_messages("w", min(2000, n), size)
+            send(client, "warmup", warm, args.send_chunk)
+            settle_in_batches(client, "warmup", [m.message_id for m in warm], args.batch, meter)
+            step("warm-up done")
+
+            step("raw Kafka baseline")
+            for p in raw_kafka(broker.bootstrap, conn, n, size, meter, args.latency_samples):
+                phases[p.key] = p
+
+            step(f"send_messages in lists of {args.send_chunk}")
+            msgs = make_messages("p", n + 1, size)
+            sender, first_send = warm_sender(client, "peek", msgs[0])
+            with Timed(meter) as t:
+                for start in range(1, len(msgs), args.send_chunk):
+                    sender.send_messages(msgs[start:start + args.send_chunk])
+            sender.close()
+            phases["send"] = Phase("send", f"durable send_messages(list of {args.send_chunk})",
+                                   n, t.seconds, cpu=t.cpu,
+                                   extra={"first_send_of_new_sender_s": round(first_send, 3)})
+
+            step(f"peek-lock receive({args.batch}) + complete_messages")
+            phases["peek_lock_batch"] = settle_in_batches(
+                client, "peek", [m.message_id for m in msgs], args.batch, meter)
+
+            step(f"peek-lock, {args.batch_threads} threads x receive({args.batch}) "
+                 "+ complete_messages")
+            msgs = make_messages("bt", n, size)
+            send(client, "batchthreads", msgs, args.send_chunk)
+            phases["peek_lock_batch_threads"] = settle_batches_threads(
+                client, "batchthreads", [m.message_id for m in msgs], args.batch_threads,
+                args.batch, meter)
+
+            step(f"peek-lock, {args.threads} threads, complete_message each")
+            msgs = make_messages("t", n, size)
+            send(client, "threads", msgs, args.send_chunk)
+            phases["peek_lock_threads"] = settle_per_message_threads(
+                client, "threads", [m.message_id for m in msgs], args.threads,
+                args.thread_batch, args.budget, meter)
+
+            step(f"receive-and-delete receive({args.batch})")
+            msgs = make_messages("d", n, size)
+            send(client, "rad", msgs, args.send_chunk)
+            phases["receive_and_delete"] = receive_and_delete(
+                client, "rad", [m.message_id for m in msgs], args.batch, meter)
+
+            step(f"latency of {args.latency_samples} single complete_message calls")
+            msgs = make_messages("l", args.latency_samples, size)
+            send(client, "latency", msgs, args.send_chunk)
+            phases["settle_latency"] = settle_latency(
+                client, "latency", [m.message_id for m in msgs], meter)
+
+            runtime = {q: admin.get_queue_runtime_properties(q) for q in queues}
+        admin.close()
+
+        send_s = phases["send"].seconds
+        settle_s = phases["peek_lock_batch"].seconds
+        raw_s = phases["raw_produce"].seconds + phases["raw_consume"].seconds
+        derived = {
+            "end_to_end_seconds": round(send_s + settle_s, 3),
+            "end_to_end_rate": round(n / (send_s + settle_s), 1),
+            "raw_end_to_end_rate": round(n / raw_s, 1),
+            "best_settled_peek_lock_rate": round(max(
+                phases[k].rate for k in ("peek_lock_batch", "peek_lock_batch_threads",
+                                         "peek_lock_threads")), 1),
+            "target_settled_peek_lock_rate": TARGET_SETTLED_PER_S,
+        }
+        derived["meets_target"] = derived["best_settled_peek_lock_rate"] >= TARGET_SETTLED_PER_S
+        leftovers = {q: {"active": r.active_message_count, "locked": r.locked_message_count,
+                         "dead_letter": r.dead_letter_message_count}
+                     for q, r in runtime.items()}
+        if any(v["active"] or v["locked"] or v["dead_letter"] for v in leftovers.values()):
+            log.warning("queues are not empty after the bench: %s", leftovers)
+        print(render(machine, args, phases, derived), flush=True)
+        result = {
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "machine": machine,
+            "parameters": {k: (str(v) if isinstance(v, Path) else v)
+                           for k, v in vars(args).items()},
+            "phases": {k: p.as_dict() for k, p in phases.items()},
+            "derived": derived,
+            "queues_after": leftovers,
+            "exactly_once_ok": all(p.check.get("ok", True) for p in phases.values()),
+            "total_seconds": round(time.monotonic() - started, 1),
+        }
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"\nwrote {args.output} (whole bench {result['total_seconds']}s)")
+        ok = result["exactly_once_ok"]
+    finally:
+        if worker is not None:
+            stop_worker(worker)
+        broker.stop()
+        if args.keep_logs or not ok:
+            print(f"logs kept in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KafkaException as exc:
+        print(f"bench failed: {exc}", file=sys.stderr)
+        sys.exit(2)
