@@ -6,6 +6,7 @@ from typing import Any
 
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
+from settlement._settle_batcher import SettleBatcher
 from settlement.receiver import ServiceBusReceiveMode, ServiceBusReceiver, ServiceBusSubQueue
 from settlement.sender import ServiceBusSender
 from topics.connection import ConnectionSettings, parse_connection_string
@@ -23,6 +24,7 @@ class ServiceBusClient:
         self.fully_qualified_namespace = settings.namespace
         self._registry = EntityRegistry(settings)
         self._link: EngineLink | None = None
+        self._batcher: SettleBatcher | None = None
         self._handlers: list[ServiceBusSender | ServiceBusReceiver] = []
 
     @classmethod
@@ -48,7 +50,7 @@ class ServiceBusClient:
             sub_queue = ServiceBusSubQueue.DEAD_LETTER
         props = self._registry.get(name, fresh=True)
         receiver = ServiceBusReceiver(
-            self.settings, self._engine(), props,
+            self.settings, self._engine(), self._settle_batcher(), props,
             sub_queue=ServiceBusSubQueue(sub_queue) if sub_queue else None,
             receive_mode=ServiceBusReceiveMode(receive_mode), max_wait_time=max_wait_time,
             prefetch_count=prefetch_count)
@@ -60,6 +62,11 @@ class ServiceBusClient:
             self._link = EngineLink(self.settings)
         return self._link
 
+    def _settle_batcher(self) -> SettleBatcher:
+        if self._batcher is None:
+            self._batcher = SettleBatcher(self._engine())
+        return self._batcher
+
     def close(self) -> None:
         for handler in self._handlers:
             handler.close()
@@ -67,6 +74,7 @@ class ServiceBusClient:
         if self._link is not None:
             self._link.close()
             self._link = None
+            self._batcher = None
 
     def __enter__(self) -> ServiceBusClient:
         return self

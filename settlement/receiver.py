@@ -22,6 +22,7 @@ from settlement import _wire
 from settlement._engine_link import EngineLink
 from settlement._log_reader import PartitionReader
 from settlement._properties import QueueProperties
+from settlement._settle_batcher import SettleBatcher
 from settlement.exceptions import (
     InvalidOperationError,
     MessageAlreadySettled,
@@ -68,8 +69,8 @@ def _utc(ms: int) -> dt.datetime:
 class ServiceBusReceiver:
     """Receives from a queue or its dead-letter sub-queue."""
 
-    def __init__(self, settings: ConnectionSettings, link: EngineLink, props: QueueProperties,
-                 *, sub_queue: ServiceBusSubQueue | None = None,
+    def __init__(self, settings: ConnectionSettings, link: EngineLink, batcher: SettleBatcher,
+                 props: QueueProperties, *, sub_queue: ServiceBusSubQueue | None = None,
                  receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
                  max_wait_time: float | None = None, prefetch_count: int = 0) -> None:
         if sub_queue == ServiceBusSubQueue.TRANSFER_DEAD_LETTER:
@@ -78,6 +79,7 @@ class ServiceBusReceiver:
         self.receive_mode = ServiceBusReceiveMode(receive_mode)
         self._settings = settings
         self._link = link
+        self._batcher = batcher
         self._props = props
         self._sub = "deadletter" if sub_queue else "active"
         self._max_wait_time = max_wait_time
@@ -254,15 +256,13 @@ class ServiceBusReceiver:
         by_partition: dict[int, list[ServiceBusReceivedMessage]] = {}
         for message in messages:
             by_partition.setdefault(message.partition, []).append(message)
-        cmds = [self._link.command("settle", self._props.name, partition, self._policy,
-                                   items=[[m.offset, m.lock_token, action, reason, description]
-                                          for m in group])
-                for partition, group in sorted(by_partition.items())]
         results: dict[int, SettlementResult] = {}
-        for cmd, (_partition, group) in zip(self._link.call_many(cmds),
-                                            sorted(by_partition.items()), strict=True):
-            _raise_for(cmd, self.entity_path)
-            for message, (status, until) in zip(group, cmd.result["results"], strict=True):
+        for partition, group in sorted(by_partition.items()):
+            reply = self._batcher.settle(
+                self._props.name, partition, self._policy,
+                [[m.offset, m.lock_token, action, reason, description] for m in group])
+            _raise_for(reply, self.entity_path)
+            for message, (status, until) in zip(group, reply.result["results"], strict=True):
                 results[id(message)] = SettlementResult(
                     message, self._apply_answer(message, action, status, until))
         return [results[id(m)] for m in messages]

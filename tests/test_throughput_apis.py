@@ -6,6 +6,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
+
 from settlement import (
     AutoLockRenewer,
     ServiceBusClient,
@@ -73,3 +75,38 @@ def test_auto_lock_renewer_keeps_a_lock_past_its_duration(
         other = client.get_queue_receiver(queue)
         assert other.receive_messages(1, max_wait_time=0.5) == []
         receiver.complete_message(message)
+
+
+def test_concurrent_single_settles_share_engine_commands(
+        client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+    """complete_message from many threads: each call gets its own answer, and
+    calls that overlap travel in one command (group commit)."""
+    queue = make_queue(lock_duration=30)
+    send(client, queue, 240)
+    receiver = client.get_queue_receiver(queue)
+    messages: list[ServiceBusReceivedMessage] = []
+    while len(messages) < 240:
+        messages += receiver.receive_messages(240 - len(messages), max_wait_time=10)
+    batcher = client._settle_batcher()
+    before = batcher.commands_sent
+    failures: list[Exception] = []
+
+    def settle(chunk: list[ServiceBusReceivedMessage]) -> None:
+        for message in chunk:
+            try:
+                receiver.complete_message(message)
+            except Exception as exc:  # collected and asserted below
+                failures.append(exc)
+
+    threads = [threading.Thread(target=settle, args=(messages[i::8],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert all(m._settled for m in messages)
+    assert batcher.commands_sent - before < 240 * 0.75
+    with pytest.raises(MessageLockLostError):
+        stale = messages[0]
+        stale._settled = False  # pretend the app lost track: the engine still refuses
+        receiver.complete_message(stale)
