@@ -657,8 +657,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--size", type=int, default=1024, help="body bytes (default 1024)")
     p.add_argument("--send-chunk", type=int, default=1000,
                    help="messages per send_messages call (default 1000)")
-    p.add_argument("--batch", type=int, default=500,
-                   help="max_message_count of batch receives (default 500)")
+    p.add_argument("--batch", type=int, default=1000,
+                   help="max_message_count of batch receives (default 1000)")
     p.add_argument("--batch-threads", type=int, default=4,
                    help="threads of the concurrent batch phase (default 4)")
     p.add_argument("--threads", type=int, default=8, help="threads of the per-message phase")

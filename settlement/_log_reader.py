@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from settlement.exceptions import ServiceBusCommunicationError
 from topics.connection import ConnectionSettings
@@ -98,7 +98,11 @@ class PartitionReader:
 
     def _seek(self, offset: int) -> None:
         self._ahead.clear()
-        self._consumer.assign([TopicPartition(self._tp.topic, self._tp.partition, offset)])
+        target = TopicPartition(self._tp.topic, self._tp.partition, offset)
+        try:
+            self._consumer.seek(target)
+        except KafkaException:  # the fetcher has not started yet: assign instead
+            self._consumer.assign([target])
         self._position = offset
 
     def close(self) -> None:
