@@ -48,6 +48,7 @@ from settlement.exceptions import OperationTimeoutError, ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
 from settlement.receiver import ServiceBusReceiveMode
 from settlement.sender import ServiceBusSender
+from streams.process import EngineProcess
 from topics.connection import parse_connection_string
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -546,22 +547,6 @@ def settle_latency(client: ServiceBusClient, queue: str, ids: list[str],
 
 
 # ------------------------------------------------------------------- engine
-def start_worker(conn: str, data_dir: Path, log_path: Path) -> subprocess.Popen[bytes]:
-    code = f"from streams.worker import run_worker; run_worker({conn!r}, {str(data_dir)!r})"
-    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
-                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
-
-
-def stop_worker(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def wait_for_engine(client: ServiceBusClient, queue: str, worker: subprocess.Popen[bytes],
                     timeout: float = 120.0) -> float:
     """Block until the engine answers an acquire on ``queue`` (an empty queue)."""
@@ -693,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     worker = None
     try:
         conn = broker.connection_string(NAMESPACE)
-        worker = start_worker(conn, work / "engine-data", work / "worker.log")
+        worker = EngineProcess(conn, work / "engine", timer_interval=0.5).start()
         broker_proc = getattr(broker, "_proc", None)
         pids = {"client": os.getpid(), "engine": worker.pid}
         if broker_proc is not None:
@@ -708,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
         for q in queues:
             admin.create_queue(q, lock_duration=LOCK_SECONDS, max_delivery_count=10)
         with ServiceBusClient.from_connection_string(conn) as client:
-            ready = wait_for_engine(client, "warmup", worker)
+            ready = wait_for_engine(client, "warmup", worker.proc)
             step(f"engine ready after {ready:.1f}s")
 
             # Warm-up: connections, readers and the engine's first windows.
@@ -802,7 +787,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = result["exactly_once_ok"]
     finally:
         if worker is not None:
-            stop_worker(worker)
+            worker.stop()
         broker.stop()
         if args.keep_logs or not ok:
             print(f"logs kept in {work}", file=sys.stderr)

@@ -15,15 +15,12 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,10 +36,10 @@ from settlement import (
 from settlement.embedded import BrokerStartError, EmbeddedBroker
 from settlement.exceptions import MessageLockLostError, ServiceBusError
 from settlement.management import QueueRuntimeProperties, ServiceBusAdministrationClient
+from streams.process import EngineProcess
 
 log = logging.getLogger("settlement.demo")
 
-ROOT = Path(__file__).resolve().parent.parent
 NAMESPACE = "demo"
 QUEUE = "orders"
 RAD_QUEUE = "notifications"
@@ -53,7 +50,6 @@ WAIT_S = 10.0
 #: How long to wait to be sure no message comes.
 QUIET_S = 1.0
 WORKER_READY_TIMEOUT_S = 90.0
-WORKER_STOP_TIMEOUT_S = 20.0
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 DEAD_LETTER_REASON = "InvalidOrder"
 DEAD_LETTER_DESCRIPTION = "quantity must be positive, got -2"
@@ -345,51 +341,6 @@ def check_java() -> None:
         log.info("java: %s", first[0] if first else "(no version output)")
 
 
-@contextmanager
-def engine_worker(conn: str, workdir: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """One engine worker subprocess, logging to ``workdir/worker.log``; SIGTERMed on exit."""
-    log_path = workdir / "worker.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SETTLEMENT_TIMER_INTERVAL": "0.2"}
-    code = (f"from streams.worker import run_worker; "
-            f"run_worker({conn!r}, {str(workdir / 'engine')!r})")
-    with open(log_path, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-    log.info("started engine worker (pid %d, log %s)", proc.pid, log_path)
-    try:
-        _wait_ready(proc, log_path)
-        yield proc
-    finally:
-        _stop_worker(proc)
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], log_path: Path) -> None:
-    started = time.monotonic()
-    while time.monotonic() - started < WORKER_READY_TIMEOUT_S:
-        if proc.poll() is not None:
-            raise DemoFailure(f"the engine worker exited with {proc.returncode}:\n"
-                              f"{_tail(log_path)}")
-        if b"Worker]: Ready" in log_path.read_bytes():
-            log.info("engine worker ready after %.1f s", time.monotonic() - started)
-            return
-        time.sleep(0.1)
-    raise DemoFailure(f"the engine worker was not ready within {WORKER_READY_TIMEOUT_S:.0f} s:"
-                      f"\n{_tail(log_path)}")
-
-
-def _stop_worker(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    log.info("stopping engine worker (SIGTERM, pid %d)", proc.pid)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(WORKER_STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        log.warning("engine worker did not stop in %.0f s; killing it", WORKER_STOP_TIMEOUT_S)
-        proc.kill()
-        proc.wait()
-
-
 def _tail(path: Path, lines: int = 30) -> str:
     with suppress(OSError):
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -421,7 +372,12 @@ def run(workdir: Path) -> int:
     with EmbeddedBroker() as broker:
         log.info("embedded broker on %s", broker.bootstrap)
         conn = broker.connection_string(NAMESPACE)
-        with engine_worker(conn, workdir):
+        try:
+            engine = EngineProcess(conn, workdir / "engine").start(WORKER_READY_TIMEOUT_S)
+        except RuntimeError as exc:
+            raise DemoFailure(str(exc)) from None
+        log.info("engine worker ready (log %s)", engine.log_path)
+        with engine:
             code = drive(conn)
             # Free the clients' librdkafka handles (some sit in reference cycles)
             # while the broker is up, so they disconnect quietly.

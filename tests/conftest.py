@@ -14,7 +14,7 @@ import pytest
 from settlement import ServiceBusClient
 from settlement.embedded import EmbeddedBroker
 from settlement.management import ServiceBusAdministrationClient
-from tests.engine_process import EngineProcess
+from streams.process import EngineProcess
 
 
 @pytest.fixture(scope="session")

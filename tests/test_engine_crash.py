@@ -15,7 +15,7 @@ from settlement import ServiceBusClient, ServiceBusMessage
 from settlement.embedded import EmbeddedBroker
 from settlement.exceptions import MessageLockLostError, ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
-from tests.engine_process import EngineProcess
+from streams.process import EngineProcess
 
 TOTAL = 400
 

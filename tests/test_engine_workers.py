@@ -11,7 +11,7 @@ from pathlib import Path
 from settlement import ServiceBusClient, ServiceBusMessage
 from settlement.embedded import EmbeddedBroker
 from settlement.management import ServiceBusAdministrationClient
-from tests.engine_process import EngineProcess
+from streams.process import EngineProcess
 
 QUEUES = [f"q{i}" for i in range(6)]
 
