@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
-from settlement.exceptions import InvalidOperationError
+from settlement.exceptions import InvalidOperationError, MessagingEntityNotFoundError
 from settlement.management import ServiceBusAdministrationClient
 
 
@@ -84,3 +84,19 @@ def test_runtime_counts_follow_each_kind_of_settlement(
     receiver.complete_messages(messages[4:])
     assert counts() == (1, 1, 1, 0)
     assert admin.get_queue_runtime_properties(queue).total_message_count == 3
+
+
+def test_delete_queue_removes_log_definition_and_window(
+        client: ServiceBusClient, admin: ServiceBusAdministrationClient,
+        make_queue: Callable[..., str]) -> None:
+    queue = make_queue()
+    send(client, queue, 3)
+    admin.delete_queue(queue)
+    with pytest.raises(MessagingEntityNotFoundError, match=queue):
+        admin.get_queue(queue)
+    assert queue not in [q.name for q in admin.list_queues()]
+    admin.create_queue(queue, lock_duration=2)  # the name is free again, and empty
+    assert admin.get_queue_runtime_properties(queue).active_message_count == 0
+    send(client, queue, 1)
+    [message] = client.get_queue_receiver(queue).receive_messages(5, max_wait_time=10)
+    assert message.message_id == "m0" and message.delivery_count == 1
