@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 import faust
+from confluent_kafka.admin import AdminClient
 
 from streams import kafka_tuning
 from topics import names, specs
@@ -29,6 +30,9 @@ if not _conn:
 settings = parse_connection_string(_conn)
 kafka_tuning.apply(settings)
 namespace = settings.namespace
+# Before Faust starts: it would declare missing topics itself, with the
+# broker's default partition count instead of the namespace's spec.
+specs.provision(AdminClient(settings.kafka_config()), specs.namespace_topics(namespace))
 _web_port = os.environ.get("SETTLEMENT_WEB_PORT")
 timer_interval = float(os.environ.get("SETTLEMENT_TIMER_INTERVAL", "0.5"))
 

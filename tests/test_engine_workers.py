@@ -3,7 +3,10 @@ others take its windows over from the changelog."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -11,7 +14,7 @@ from pathlib import Path
 from settlement import ServiceBusClient, ServiceBusMessage
 from settlement.embedded import EmbeddedBroker
 from settlement.management import ServiceBusAdministrationClient
-from streams.process import EngineProcess
+from streams.process import ROOT, EngineProcess
 
 QUEUES = [f"q{i}" for i in range(6)]
 
@@ -70,3 +73,32 @@ def test_two_workers_share_the_namespace_and_survive_one_stopping(
         admin.close()
         first.stop()
         second.stop()
+
+
+def test_faust_cli_runs_the_same_engine(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    """``faust -A streams.app worker`` is the same engine as ``settlement worker``."""
+    conn = broker.connection_string(f"faust{uuid.uuid4().hex[:6]}")
+    env = {**os.environ, "SETTLEMENT_CONNECTION_STRING": conn,
+           "SETTLEMENT_DATA_DIR": str(tmp_path / "rocks")}
+    faust_bin = Path(sys.executable).with_name("faust")
+    log_path = tmp_path / "faust.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen([str(faust_bin), "-A", "streams.app", "worker", "-l", "info"],
+                                env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while b"Worker]: Ready" not in log_path.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        with ServiceBusAdministrationClient.from_connection_string(conn) as admin, \
+                ServiceBusClient.from_connection_string(conn) as client:
+            admin.create_queue("jobs", lock_duration=5)
+            with client.get_queue_sender("jobs") as sender:
+                sender.send_messages(ServiceBusMessage("via faust"))
+            receiver = client.get_queue_receiver("jobs")
+            [message] = receiver.receive_messages(1, max_wait_time=15)
+            receiver.complete_message(message)
+            assert admin.get_queue_runtime_properties("jobs").active_message_count == 0
+    finally:
+        proc.terminate()
+        proc.wait(20)
