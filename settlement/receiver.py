@@ -89,6 +89,7 @@ class ServiceBusReceiver:
         self._topic = names.entity_log(settings.namespace, props.name)
         self._readers: dict[int, PartitionReader] = {}
         self._turn = itertools.cycle(range(props.partition_count))
+        self._peek_from = (0, 0)
         self._closed = False
 
     # ----------------------------------------------------------------- receive
@@ -126,9 +127,10 @@ class ServiceBusReceiver:
             got += self._materialize(partition, reply.result["grants"])
         return got
 
-    def _materialize(self, partition: int, grants: list[list[Any]]
+    def _materialize(self, partition: int, grants: list[list[Any]], *, peeked: bool = False
                      ) -> list[ServiceBusReceivedMessage]:
-        """Read the granted records; dead-letter the ones that break the format."""
+        """Read the granted records; dead-letter the ones that break the format
+        (peeked records are shown as they are: nothing is locked to settle)."""
         if not grants:
             return []
         records = self._reader(partition).read([g[0] for g in grants])
@@ -146,15 +148,16 @@ class ServiceBusReceiver:
             }
             try:
                 message = _wire.decode(record.value(), record.headers(), record.timestamp()[1],
-                                       partition, offset, lenient=self._sub == "deadletter",
-                                       **delivery)
+                                       partition, offset,
+                                       lenient=peeked or self._sub == "deadletter", **delivery)
             except _wire.MalformedRecord as exc:
                 malformed.append((offset, token, str(exc)))
                 continue
-            message._receiver = self
+            message._receiver = None if peeked else self
             message._settled = self.receive_mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE
             out.append(message)
-        self._settle_unreadable(partition, malformed, gaps)
+        if not peeked:
+            self._settle_unreadable(partition, malformed, gaps)
         return out
 
     def _settle_unreadable(self, partition: int, malformed: list[tuple[int, str, str]],
@@ -183,6 +186,33 @@ class ServiceBusReceiver:
             if not batch:
                 return
             yield from batch
+
+    def peek_messages(self, max_message_count: int = 1, *,
+                      sequence_number: int | None = None, **_: Any
+                      ) -> list[ServiceBusReceivedMessage]:
+        """Browse messages without locking them, from ``sequence_number`` (or
+        where the previous peek stopped); each carries its ``state``."""
+        self._check_open()
+        if sequence_number is not None:
+            self._peek_from = _wire.split_sequence_number(sequence_number)
+        partition, offset = self._peek_from
+        out: list[ServiceBusReceivedMessage] = []
+        while partition < self._props.partition_count and len(out) < max_message_count:
+            hw = self._reader(partition).high_watermark()
+            reply = self._link.call(self._link.command(
+                "peek", self._props.name, partition, self._policy, sub=self._sub,
+                **{"from": offset}, max=max_message_count - len(out), hw=hw))
+            _raise_for(reply, self.entity_path)
+            entries = reply.result["messages"]
+            grants = [[o, None, 0, count, reason, description, source, state]
+                      for o, state, count, reason, description, source in entries]
+            out += self._materialize(partition, grants, peeked=True)
+            if entries:
+                offset = entries[-1][0] + 1
+            if len(out) < max_message_count:
+                partition, offset = partition + 1, 0
+        self._peek_from = (partition, offset)
+        return out
 
     def receive_deferred_messages(self, sequence_numbers: int | list[int]
                                   ) -> list[ServiceBusReceivedMessage]:
@@ -276,8 +306,8 @@ class ServiceBusReceiver:
                 "cannot be settled again")
         if message._receiver is not self:
             raise InvalidOperationError(
-                f"message {message.sequence_number} was received by another receiver: "
-                "settle it through the receiver that received it")
+                f"message {message.sequence_number} was peeked or received by another "
+                "receiver: only a message this receiver received with a lock can be settled")
         if message._settled:
             raise MessageAlreadySettled(action)
 

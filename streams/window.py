@@ -21,6 +21,8 @@ loads a window, applies a command, stores it and sends the answer.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,6 +133,9 @@ class InflightWindow:
         elif cmd.op == "stats":
             self._see_hw(cmd.args["hw"], events)
             result = self.stats()
+        elif cmd.op == "peek":
+            self._see_hw(cmd.args["hw"], events)
+            result = self._peek(cmd.args["sub"], cmd.args["from"], cmd.args["max"])
         else:  # expire: the lapse above is all it asks for
             result = {}
         if cmd.op in ("acquire", "acquire_deferred", "settle"):
@@ -138,7 +143,7 @@ class InflightWindow:
         self._advance_start()
         for ev in events:
             self.totals[ev.type] = self.totals.get(ev.type, 0) + ev.count
-        return Outcome(result, events, changed=bool(events) or cmd.op != "stats")
+        return Outcome(result, events, changed=bool(events) or cmd.op not in ("stats", "peek"))
 
     def _remember(self, cmd_id: str, result: dict[str, Any]) -> None:
         """Keep what is needed to answer the command again, compactly: the
@@ -328,6 +333,23 @@ class InflightWindow:
                 break
             self.slots.pop(self.start, None)
             self.start += 1
+
+    # -------------------------------------------------------------------- peek
+    def _peek(self, sub: str, first: int, want: int) -> dict[str, Any]:
+        """Messages still in the (sub-)queue from offset ``first`` on, without
+        locking them: ``[offset, state, delivery_count, reason, description, source]``."""
+        states = ("deadletter", (DEAD, DEAD_LOCKED)) if sub == "deadletter" else (
+            "deferred", (DEFERRED, DEFERRED_LOCKED))
+        parked = ((o, [o, states[0], p[1], *p[4:7]]) for o, p in sorted(self.parked.items())
+                  if o >= first and p[0] in states[1])
+        active = () if sub == "deadletter" else (
+            (o, [o, "active", self.slots[o][1] if o in self.slots else 0, None, None, None])
+            for o in range(max(first, self.start), self.hw)
+            if o not in self.parked and (o >= self.next or self.slots.get(o, [COMPLETED])[0]
+                                         != COMPLETED))
+        found = [entry for _, entry in itertools.islice(
+            heapq.merge(parked, active, key=lambda pair: pair[0]), want)]
+        return {"messages": found}
 
     # ------------------------------------------------------------------- stats
     def stats(self) -> dict[str, int]:

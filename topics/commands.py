@@ -21,6 +21,7 @@ Operations and their own fields:
                       with action one of complete, abandon, dead_letter, defer, renew
 ``expire``            (from the engine's timer) lapse the locks that ended
 ``stats``             ``hw``: counts of the window
+``peek``              ``sub``, ``from`` (offset), ``max``, ``hw``: browse without locking
 ``drop``              forget the window (queue deleted)
 
 A reply is ``{"v": 1, "id": ..., "client": ..., "ok": true, "result": {...}}``
@@ -37,7 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 VERSION = 1
-OPERATIONS = frozenset({"acquire", "acquire_deferred", "settle", "expire", "stats", "drop"})
+OPERATIONS = frozenset({"acquire", "acquire_deferred", "settle", "expire", "stats", "peek",
+                        "drop"})
 ACTIONS = frozenset({"complete", "abandon", "dead_letter", "defer", "renew"})
 SUB_QUEUES = frozenset({"active", "deadletter"})
 MODES = frozenset({"peek_lock", "receive_and_delete"})
@@ -178,6 +180,11 @@ def _decode_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
         return {"items": _decode_items(obj.get("items"))}
     if op == "stats":
         return {"hw": _int(obj, "hw", 0, 1 << 62)}
+    if op == "peek":
+        if obj.get("sub") not in SUB_QUEUES:
+            raise CommandError(f"field 'sub' must be one of {sorted(SUB_QUEUES)}")
+        return {"sub": obj["sub"], "from": _int(obj, "from", 0, 1 << 62),
+                "max": _int(obj, "max", 1, MAX_ACQUIRE), "hw": _int(obj, "hw", 0, 1 << 62)}
     return {}
 
 
