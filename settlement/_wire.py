@@ -23,9 +23,14 @@ import datetime as dt
 import json
 from typing import Any
 
+from settlement.exceptions import MessageSizeExceededError
 from settlement.message import ServiceBusMessage, ServiceBusMessageState, ServiceBusReceivedMessage
 
 OFFSET_BITS = 40
+MAX_HEADERS_BYTES = 64 * 1024       # all headers and application properties together
+MAX_PROPERTY_BYTES = 32 * 1024      # one application property
+MALFORMED = "MalformedMessage"
+HEADER_SIZE_EXCEEDED = "HeaderSizeExceeded"
 _TEXT_HEADERS = ("message-id", "correlation-id", "content-type", "subject", "reply-to",
                  "reply-to-session-id", "to", "session-id", "partition-key")
 _KNOWN = frozenset({*_TEXT_HEADERS, "time-to-live-ms", "scheduled-enqueue-time-ms",
@@ -33,7 +38,12 @@ _KNOWN = frozenset({*_TEXT_HEADERS, "time-to-live-ms", "scheduled-enqueue-time-m
 
 
 class MalformedRecord(ValueError):
-    """A record in an entity log that does not follow the wire format."""
+    """A record in an entity log that does not follow the wire format;
+    ``reason`` is the dead-letter reason it gets."""
+
+    def __init__(self, message: str, reason: str = MALFORMED) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def sequence_number(partition: int, offset: int) -> int:
@@ -70,11 +80,30 @@ def encode(message: ServiceBusMessage) -> tuple[bytes | None, bytes, list[tuple[
         headers.append(("scheduled-enqueue-time-ms",
                         str(_ms(message.scheduled_enqueue_time_utc)).encode()))
     if message.application_properties:
+        _check_property_sizes(message.application_properties)
         headers.append(("application-properties",
                         json.dumps(message.application_properties,
                                    separators=(",", ":")).encode()))
+    size = _headers_size(headers)
+    if size > MAX_HEADERS_BYTES:
+        raise MessageSizeExceededError(
+            f"message {message.message_id or ''} has {size} bytes of headers and application "
+            f"properties; at most {MAX_HEADERS_BYTES} are allowed: move data into the body")
     key = message.partition_key or message.session_id or message.message_id
     return (key.encode() if key else None), message.body, headers
+
+
+def _check_property_sizes(properties: dict[str, Any]) -> None:
+    for name, value in properties.items():
+        size = len(name.encode()) + len(json.dumps(value).encode())
+        if size > MAX_PROPERTY_BYTES:
+            raise MessageSizeExceededError(
+                f"application property {name!r} is {size} bytes; one property may have at "
+                f"most {MAX_PROPERTY_BYTES}: move it into the body")
+
+
+def _headers_size(headers: list[tuple[str, bytes | None]]) -> int:
+    return sum(len(k.encode()) + len(v or b"") for k, v in headers)
 
 
 def record_size(message: ServiceBusMessage) -> int:
@@ -94,6 +123,10 @@ def decode(value: bytes | None, headers: list[tuple[str, bytes | None]] | None,
     and the unreadable headers are left out, for the dead-letter sub-queue)."""
     fields: dict[str, Any] = {}
     malformed: str | None = None
+    size = _headers_size(headers or [])
+    if size > MAX_HEADERS_BYTES and not lenient:
+        raise MalformedRecord(f"the record has {size} bytes of headers; at most "
+                              f"{MAX_HEADERS_BYTES} are allowed", HEADER_SIZE_EXCEEDED)
     for name, raw in headers or []:
         try:
             fields.update(_decode_header(name, raw))

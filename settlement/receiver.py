@@ -37,7 +37,7 @@ from topics.connection import ConnectionSettings
 
 log = logging.getLogger(__name__)
 
-MALFORMED_REASON = "MalformedMessage"
+MALFORMED_REASON = _wire.MALFORMED
 
 
 class ServiceBusReceiveMode(enum.StrEnum):
@@ -151,7 +151,7 @@ class ServiceBusReceiver:
                                        partition, offset,
                                        lenient=peeked or self._sub == "deadletter", **delivery)
             except _wire.MalformedRecord as exc:
-                malformed.append((offset, token, str(exc)))
+                malformed.append((offset, token, exc.reason, str(exc)))
                 continue
             message._receiver = None if peeked else self
             message._settled = self.receive_mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE
@@ -160,20 +160,20 @@ class ServiceBusReceiver:
             self._settle_unreadable(partition, malformed, gaps)
         return out
 
-    def _settle_unreadable(self, partition: int, malformed: list[tuple[int, str, str]],
+    def _settle_unreadable(self, partition: int, malformed: list[tuple[int, str, str, str]],
                            gaps: list[tuple[int, str]]) -> None:
         """A record that breaks the wire format goes to the dead-letter
         sub-queue with the reason; an offset with no record is completed."""
         if self.receive_mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE:
-            for offset, _token, reason in malformed:
+            for offset, _token, _reason, problem in malformed:
                 log.warning("dropped malformed record %s[%d]@%d (receive-and-delete): %s",
-                            self._topic, partition, offset, reason)
+                            self._topic, partition, offset, problem)
             return
-        items = [[o, t, "dead_letter", MALFORMED_REASON, r] for o, t, r in malformed]
+        items = [[o, t, "dead_letter", reason, problem] for o, t, reason, problem in malformed]
         items += [[o, t, "complete", None, None] for o, t in gaps]
-        for offset, _token, reason in malformed:
+        for offset, _token, _reason, problem in malformed:
             log.warning("dead-lettering malformed record %s[%d]@%d: %s",
-                        self._topic, partition, offset, reason)
+                        self._topic, partition, offset, problem)
         if items:
             _raise_for(self._link.call(self._link.command(
                 "settle", self._props.name, partition, self._policy, items=items)),

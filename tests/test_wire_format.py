@@ -1,0 +1,81 @@
+"""The message log's wire format (docs/wire-format.md): any Kafka client can
+produce to a queue, and the limits of the seeds hold on both sides."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka import Producer
+
+from settlement import (
+    ServiceBusClient,
+    ServiceBusMessage,
+    ServiceBusReceivedMessage,
+    ServiceBusSubQueue,
+)
+from settlement._wire import HEADER_SIZE_EXCEEDED, encode
+from settlement.exceptions import MessageSizeExceededError
+from topics import names
+
+
+def test_a_plain_kafka_producer_following_the_document_is_received_like_a_sender(
+        client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+    queue = make_queue()
+    fields = dict(message_id="order-7", correlation_id="c-1", content_type="application/json",
+                  subject="created", reply_to="replies", to="shop", session_id="s-1",
+                  application_properties={"tenant": "a", "n": 3, "ok": True},
+                  time_to_live=dt.timedelta(hours=1))
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages(ServiceBusMessage(b'{"id": 7}', **fields))
+    producer = Producer(client.settings.kafka_config())
+    producer.produce(names.entity_log(client.settings.namespace, queue), b'{"id": 7}',
+                     key=b"s-1", headers=[
+                         ("message-id", b"order-7"), ("correlation-id", b"c-1"),
+                         ("content-type", b"application/json"), ("subject", b"created"),
+                         ("reply-to", b"replies"), ("to", b"shop"), ("session-id", b"s-1"),
+                         ("time-to-live-ms", b"3600000"),
+                         ("application-properties",
+                          json.dumps({"tenant": "a", "n": 3, "ok": True}).encode()),
+                         ("x-other-system", b"ignored")])
+    assert producer.flush(10) == 0
+    receiver = client.get_queue_receiver(queue)
+    got = receiver.receive_messages(2, max_wait_time=10)
+    while len(got) < 2:
+        got += receiver.receive_messages(1, max_wait_time=10)
+    ours, theirs = got
+
+    def shape(m: ServiceBusReceivedMessage) -> tuple[object, ...]:
+        return (m.body, m.message_id, m.correlation_id, m.content_type, m.subject, m.reply_to,
+                m.to, m.session_id, m.application_properties, m.time_to_live)
+
+    assert shape(ours) == shape(theirs)
+    assert theirs.expires_at_utc == theirs.enqueued_time_utc + dt.timedelta(hours=1)
+
+
+def test_client_refuses_oversize_headers_and_ids() -> None:
+    with pytest.raises(MessageSizeExceededError, match="one property"):
+        encode(ServiceBusMessage("x", application_properties={"big": "y" * 33_000}))
+    with pytest.raises(MessageSizeExceededError, match="headers"):
+        encode(ServiceBusMessage("x", application_properties={
+            f"p{i}": "y" * 20_000 for i in range(4)}))
+    with pytest.raises(ValueError, match="128"):
+        ServiceBusMessage("x", message_id="m" * 129)
+    with pytest.raises(ValueError, match="128"):
+        ServiceBusMessage("x", session_id="s" * 129)
+
+
+def test_record_with_oversize_headers_goes_to_the_dead_letter_sub_queue(
+        client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+    queue = make_queue()
+    producer = Producer(client.settings.kafka_config())
+    producer.produce(names.entity_log(client.settings.namespace, queue), b"huge headers",
+                     headers=[(f"x-h{i}", b"z" * 30_000) for i in range(3)])
+    assert producer.flush(10) == 0
+    receiver = client.get_queue_receiver(queue)
+    assert receiver.receive_messages(1, max_wait_time=3) == []
+    dlq = client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+    [dead] = dlq.receive_messages(1, max_wait_time=10)
+    assert dead.body == b"huge headers" and dead.dead_letter_reason == HEADER_SIZE_EXCEEDED
