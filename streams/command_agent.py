@@ -19,7 +19,8 @@ from typing import Any
 from faust.types import EventT, StreamT
 
 from streams.app import app, commands_topic, events_topic, replies_topic, state_topic, windows
-from streams.window import Event, InflightWindow
+from streams.states import Event
+from streams.window import InflightWindow
 from topics.commands import (
     Command,
     CommandError,

@@ -24,42 +24,27 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
+from streams import scheduling
+from streams.states import (
+    AVAILABLE,
+    CANCELLED,
+    COMPLETED,
+    DEAD,
+    DEAD_LOCKED,
+    DEFERRED,
+    DEFERRED_LOCKED,
+    LOCKED,
+    MAX_DELIVERY_REASON,
+    SCHEDULED,
+    TTL_EXPIRED_REASON,
+    Event,
+    Outcome,
+)
 from topics.commands import Command, batch_id, lock_token, parse_lock_token
 
-# Slot states (one letter keeps the stored window small).
-LOCKED = "L"        # handed out under a peek-lock
-AVAILABLE = "A"     # abandoned or lapsed: redelivered before fresh offsets
-COMPLETED = "C"     # settled; dropped as soon as ``start`` passes it
-DEFERRED = "D"      # parked until fetched by sequence number
-DEFERRED_LOCKED = "d"
-DEAD = "X"          # in the dead-letter sub-queue
-DEAD_LOCKED = "x"
-
-MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 _RECENT = 64        # command ids remembered per window for idempotent replays
-
-
-@dataclass
-class Event:
-    """A settlement event for ``NS.__events``; one per kind per command."""
-
-    type: str
-    offsets: list[int]
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def count(self) -> int:
-        return int(self.extra.get("count", len(self.offsets)))
-
-
-@dataclass
-class Outcome:
-    result: dict[str, Any]
-    events: list[Event]
-    changed: bool = True
 
 
 class InflightWindow:
@@ -76,6 +61,7 @@ class InflightWindow:
         self.recent: dict[str, Any] = {}
         self.lock_ms = 60_000
         self.max_delivery = 10
+        self.dead_letter_expired = False
         self.totals: dict[str, int] = {}
 
     # ----------------------------------------------------------------- storage
@@ -84,7 +70,8 @@ class InflightWindow:
         body = {
             "entity": self.entity, "partition": self.partition, "start": self.start,
             "next": self.next, "hw": self.hw, "lock_ms": self.lock_ms,
-            "max_delivery": self.max_delivery, "totals": self.totals,
+            "max_delivery": self.max_delivery, "dlq_expired": self.dead_letter_expired,
+            "totals": self.totals,
             "slots": [[o, *s] for o, s in self.slots.items()],
             "parked": [[o, *s] for o, s in self.parked.items()],
             "recent": list(self.recent.items()),
@@ -99,6 +86,7 @@ class InflightWindow:
         win = cls(body["entity"], body["partition"])
         win.start, win.next, win.hw = body["start"], body["next"], body["hw"]
         win.lock_ms, win.max_delivery = body["lock_ms"], body["max_delivery"]
+        win.dead_letter_expired = body.get("dlq_expired", False)
         win.totals = body["totals"]
         win.slots = {s[0]: s[1:] for s in body["slots"]}
         win.parked = {p[0]: p[1:] for p in body["parked"]}
@@ -112,8 +100,10 @@ class InflightWindow:
         return None if head in (b"-", b"") else int(head)
 
     def wake_at(self) -> int | None:
+        """The next time the timer has work here: a lock to lapse, a message due."""
         untils = [s[3] for s in self.slots.values() if s[0] == LOCKED]
-        untils += [p[3] for p in self.parked.values() if p[0] in (DEFERRED_LOCKED, DEAD_LOCKED)]
+        untils += [p[3] for p in self.parked.values()
+                   if p[0] in (DEFERRED_LOCKED, DEAD_LOCKED, SCHEDULED)]
         return min(untils) if untils else None
 
     # -------------------------------------------------------------- dispatcher
@@ -121,6 +111,7 @@ class InflightWindow:
         """Apply one command; a command id seen before returns its first answer."""
         if cmd.policy is not None:  # the timer's expire commands carry none
             self.lock_ms, self.max_delivery = cmd.policy.lock_ms, cmd.policy.max_delivery
+            self.dead_letter_expired = cmd.policy.dead_letter_expired
         if cmd.id in self.recent:
             return Outcome(self._replay(cmd), [], changed=False)
         events = self._expire(now)
@@ -131,14 +122,18 @@ class InflightWindow:
         elif cmd.op == "settle":
             result = self._settle(cmd, now, events)
         elif cmd.op == "stats":
-            self._see_hw(cmd.args["hw"], events)
+            self.see_log_end(cmd.args["hw"], events)
             result = self.stats()
         elif cmd.op == "peek":
-            self._see_hw(cmd.args["hw"], events)
+            self.see_log_end(cmd.args["hw"], events)
             result = self._peek(cmd.args["sub"], cmd.args["from"], cmd.args["max"])
+        elif cmd.op == "schedule":
+            result = scheduling.schedule(self, cmd.args["items"], events)
+        elif cmd.op == "cancel":
+            result = scheduling.cancel(self, cmd.args["offsets"], events)
         else:  # expire: the lapse above is all it asks for
             result = {}
-        if cmd.op in ("acquire", "acquire_deferred", "settle"):
+        if cmd.op in ("acquire", "acquire_deferred", "settle", "schedule", "cancel"):
             self._remember(cmd.id, result)
         self._advance_start()
         for ev in events:
@@ -187,6 +182,7 @@ class InflightWindow:
             self.parked[o][0] = back[self.parked[o][0]]
         if unparked:
             events.append(Event("lock_expired", unparked))
+        scheduling.activate_due(self, now, events)
         return events
 
     def _release(self, offsets: list[int], events: list[Event], kind: str | None) -> None:
@@ -216,7 +212,8 @@ class InflightWindow:
                             {"reason": reason, "description": description}))
 
     # ----------------------------------------------------------------- acquire
-    def _see_hw(self, hw: int, events: list[Event]) -> None:
+    def see_log_end(self, hw: int, events: list[Event]) -> None:
+        """Offsets below ``hw`` exist in the log (a receiver or sender saw them)."""
         first = max(self.hw, self.next)
         if hw > first:
             events.append(Event("enqueued", [], {"first": first, "count": hw - first}))
@@ -229,7 +226,7 @@ class InflightWindow:
         return [offset, lock_token(entry[2], offset), entry[3], entry[1], *extra, state]
 
     def _acquire(self, cmd: Command, now: int, events: list[Event]) -> dict[str, Any]:
-        self._see_hw(cmd.args["hw"], events)
+        self.see_log_end(cmd.args["hw"], events)
         want, batch = cmd.args["max"], batch_id(cmd.id)
         until = now + self.lock_ms
         if cmd.args["sub"] == "deadletter":
@@ -241,24 +238,48 @@ class InflightWindow:
                 events.append(Event("locked", picked, {"sub": "deadletter", "until": until}))
             return {"grants": [self._grant(o, self.parked[o]) for o in picked], "next": self.next}
         picked = [o for o, s in sorted(self.slots.items()) if s[0] == AVAILABLE][:want]
-        fresh_end = min(self.hw, self.next + want - len(picked))
-        for o in range(self.next, fresh_end):
-            self.slots[o] = [AVAILABLE, 0, 0, 0]
-            picked.append(o)
-        self.next = max(self.next, fresh_end)
+        picked += self._take_fresh(want - len(picked))
         if cmd.args["mode"] == "receive_and_delete":
+            counts = []
             for o in picked:
-                self.slots[o] = [COMPLETED, self.slots[o][1] + 1, 0, 0]
+                self.slots[o][1] += 1
+                counts.append(self.slots[o][1])
+                self._complete(o)
             if picked:
                 events.append(Event("received_and_deleted", picked))
-            return {"grants": [[o, None, 0, self.slots[o][1], None, None, None, "active"]
-                               for o in picked], "next": self.next}
+            return {"grants": [[o, None, 0, dc, None, None, None, "active"]
+                               for o, dc in zip(picked, counts, strict=True)],
+                    "next": self.next}
         for o in picked:
             slot = self.slots[o]
             slot[0], slot[1], slot[2], slot[3] = LOCKED, slot[1] + 1, batch, until
         if picked:
             events.append(Event("locked", picked, {"until": until}))
         return {"grants": [self._grant(o, self.slots[o]) for o in picked], "next": self.next}
+
+    def _take_fresh(self, want: int) -> list[int]:
+        """Offsets never handed out, up to the log end; scheduled and cancelled
+        ones are passed over (a cancelled one is then gone for good)."""
+        taken: list[int] = []
+        o = self.next
+        while o < self.hw and len(taken) < want:
+            parked = self.parked.get(o)
+            if parked is None:
+                self.slots[o] = [AVAILABLE, 0, 0, 0]
+                taken.append(o)
+            elif parked[0] == CANCELLED:
+                del self.parked[o]
+            o += 1
+        self.next = max(self.next, o)
+        return taken
+
+    def _complete(self, offset: int) -> None:
+        """Settled for good. A slot below ``start`` (a scheduled message that
+        became due after ``start`` passed it) is dropped at once."""
+        if offset < self.start:
+            del self.slots[offset]
+        else:
+            self.slots[offset][0] = COMPLETED
 
     def _acquire_deferred(self, cmd: Command, now: int, events: list[Event]) -> dict[str, Any]:
         batch, until = batch_id(cmd.id), now + self.lock_ms
@@ -286,7 +307,7 @@ class InflightWindow:
         """Settle each item; answer each with ok, lock_lost or invalid."""
         done: dict[str, list[int]] = {}
         statuses: list[list[Any]] = []
-        for offset, token, action, reason, description in cmd.args["items"]:
+        for offset, token, action, reason, description, at in cmd.args["items"]:
             entry = self._held(offset, token)
             if entry is None:
                 statuses.append(["lock_lost", 0])
@@ -299,11 +320,17 @@ class InflightWindow:
                 statuses.append(["ok", entry[3]])
                 done.setdefault("renewed", []).append(offset)
                 continue
-            self._apply_action(offset, entry, action, reason, description, events)
+            if action == "schedule":
+                scheduling.park(self, offset, entry, at)
+                action = "scheduled"
+            elif action == "expire":
+                self._expire_message(offset, events)
+            else:
+                self._apply_action(offset, entry, action, reason, description, events)
             statuses.append(["ok", 0])
             done.setdefault(action, []).append(offset)
         kinds = {"complete": "completed", "abandon": "abandoned", "defer": "deferred",
-                 "renewed": "renewed"}
+                 "renewed": "renewed", "scheduled": "scheduled"}
         events.extend(Event(kinds[k], v) for k, v in done.items() if k in kinds)
         return {"results": statuses}
 
@@ -312,7 +339,7 @@ class InflightWindow:
         state = entry[0]
         if action == "complete":
             if state == LOCKED:
-                entry[0] = COMPLETED
+                self._complete(offset)
             else:
                 del self.parked[offset]
         elif action == "abandon":
@@ -326,6 +353,20 @@ class InflightWindow:
             self.slots.pop(offset, None)
             self.parked[offset] = [DEFERRED, entry[1], 0, 0, None, None, None]
 
+    def _expire_message(self, offset: int, events: list[Event]) -> None:
+        """Its time to live has passed: dead-letter it if the queue says so,
+        otherwise drop it; either way it is never delivered again."""
+        if self.dead_letter_expired:
+            self._dead_letter([offset], TTL_EXPIRED_REASON,
+                              "the message's time to live passed before it was completed",
+                              events)
+            return
+        if offset in self.slots:
+            self._complete(offset)
+        else:
+            del self.parked[offset]
+        events.append(Event("expired", [offset]))
+
     def _advance_start(self) -> None:
         while self.start < self.next:
             slot = self.slots.get(self.start)
@@ -338,17 +379,19 @@ class InflightWindow:
     def _peek(self, sub: str, first: int, want: int) -> dict[str, Any]:
         """Messages still in the (sub-)queue from offset ``first`` on, without
         locking them: ``[offset, state, delivery_count, reason, description, source]``."""
-        states = ("deadletter", (DEAD, DEAD_LOCKED)) if sub == "deadletter" else (
-            "deferred", (DEFERRED, DEFERRED_LOCKED))
-        parked = ((o, [o, states[0], p[1], *p[4:7]]) for o, p in sorted(self.parked.items())
-                  if o >= first and p[0] in states[1])
-        active = () if sub == "deadletter" else (
-            (o, [o, "active", self.slots[o][1] if o in self.slots else 0, None, None, None])
-            for o in range(max(first, self.start), self.hw)
-            if o not in self.parked and (o >= self.next or self.slots.get(o, [COMPLETED])[0]
-                                         != COMPLETED))
+        shown = {DEAD: "deadletter", DEAD_LOCKED: "deadletter"} if sub == "deadletter" else {
+            DEFERRED: "deferred", DEFERRED_LOCKED: "deferred", SCHEDULED: "scheduled"}
+        parked = ((o, [o, shown[p[0]], p[1], *p[4:7]]) for o, p in sorted(self.parked.items())
+                  if o >= first and p[0] in shown)
+        early = ((o, [o, "active", s[1], None, None, None]) for o, s in sorted(self.slots.items())
+                 if first <= o < self.start)  # scheduled messages that came due late
+        active = ((o, [o, "active", self.slots[o][1] if o in self.slots else 0, None, None, None])
+                  for o in range(max(first, self.start), self.hw)
+                  if o not in self.parked and (o >= self.next or self.slots.get(o, [COMPLETED])[0]
+                                               != COMPLETED))
+        streams = [parked] if sub == "deadletter" else [parked, early, active]
         found = [entry for _, entry in itertools.islice(
-            heapq.merge(parked, active, key=lambda pair: pair[0]), want)]
+            heapq.merge(*streams, key=lambda pair: pair[0]), want)]
         return {"messages": found}
 
     # ------------------------------------------------------------------- stats
@@ -356,12 +399,14 @@ class InflightWindow:
         """Counts for runtime properties; ``active`` includes locked messages."""
         in_window = sum(1 for s in self.slots.values() if s[0] != COMPLETED)
         parked_states = [p[0] for p in self.parked.values()]
-        unseen = max(0, self.hw - self.next)
+        parked_ahead = sum(1 for o in self.parked if o >= self.next)
+        unseen = max(0, self.hw - self.next - parked_ahead)
         return {
             "active": in_window + unseen,
             "locked": sum(1 for s in self.slots.values() if s[0] == LOCKED),
             "deferred": sum(1 for s in parked_states if s in (DEFERRED, DEFERRED_LOCKED)),
             "dead_letter": sum(1 for s in parked_states if s in (DEAD, DEAD_LOCKED)),
+            "scheduled": sum(1 for s in parked_states if s == SCHEDULED),
             "start": self.start, "next": self.next, "hw": self.hw,
         }
 

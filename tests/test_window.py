@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from streams.window import MAX_DELIVERY_REASON, InflightWindow
+from streams.states import MAX_DELIVERY_REASON
+from streams.window import InflightWindow
 from topics.commands import Command, Policy
 
 _ids = itertools.count()
@@ -23,7 +24,7 @@ def acquire(win: InflightWindow, now: int, n: int = 10, hw: int = 0, sub: str = 
 
 def settle(win: InflightWindow, now: int, grants: list[list], action: str,
            reason: str | None = None) -> list[str]:
-    items = [[g[0], g[1], action, reason, "why"] for g in grants]
+    items = [[g[0], g[1], action, reason, "why", None] for g in grants]
     return [r[0] for r in win.apply(cmd("settle", items=items), now).result["results"]]
 
 
@@ -95,7 +96,7 @@ def test_defer_parks_message_until_fetched_by_offset() -> None:
 def test_renew_extends_the_lock() -> None:
     win = InflightWindow("q", 0)
     grants = acquire(win, 0, n=1, hw=1)
-    result = win.apply(cmd("settle", items=[[0, grants[0][1], "renew", None, None]]), 900)
+    result = win.apply(cmd("settle", items=[[0, grants[0][1], "renew", None, None, None]]), 900)
     assert result.result["results"] == [["ok", 1900]]
     assert settle(win, 1500, grants, "complete") == ["ok"]
 
@@ -105,7 +106,7 @@ def test_repeated_command_id_returns_the_first_answer() -> None:
     first = acquire(win, 0, n=2, hw=4, cmd_id="same")
     again = acquire(win, 10, n=2, hw=4, cmd_id="same")
     assert again == first
-    items = [[g[0], g[1], "complete", None, None] for g in first]
+    items = [[g[0], g[1], "complete", None, None, None] for g in first]
     settle_cmd = cmd("settle", "settle-1", items=items)
     assert win.apply(settle_cmd, 20).result == win.apply(settle_cmd, 30).result
     assert win.stats()["active"] == 2
@@ -132,3 +133,46 @@ def test_expire_without_policy_keeps_the_queue_policy() -> None:
     acquire(win, 0, n=1, hw=1)
     win.apply(Command("e1", "expire", "q", 0), 5000)
     assert win.max_delivery == 3 and win.stats()["active"] == 1
+
+
+def test_scheduled_offsets_stay_hidden_until_due_then_are_granted() -> None:
+    win = InflightWindow("q", 0)
+    result = win.apply(cmd("schedule", items=[[1, 5000], [2, 9000]]), 0).result
+    assert result["results"] == [["ok", 5000], ["ok", 9000]]
+    assert [g[0] for g in acquire(win, 0, hw=4)] == [0, 3]
+    assert win.stats()["scheduled"] == 2 and win.stats()["active"] == 2
+    assert win.wake_at() == 1000  # the locks lapse first
+    assert [g[0] for g in acquire(win, 5000, n=1, hw=4)] == [0]  # redelivery first
+    assert [g[0] for g in acquire(win, 5000, hw=4)] == [1, 3]
+    assert win.stats()["scheduled"] == 1
+
+
+def test_cancelled_scheduled_offsets_are_never_granted() -> None:
+    win = InflightWindow("q", 0)
+    win.apply(cmd("schedule", items=[[0, 5000], [1, 5000]]), 0)
+    assert win.apply(cmd("cancel", offsets=[0, 7]), 0).result["results"] == [
+        ["ok", 0], ["invalid", 0]]
+    granted = [g[0] for g in acquire(win, 6000, hw=3)]
+    assert granted == [1, 2] and win.stats()["scheduled"] == 0 and win.stats()["active"] == 2
+
+
+def test_receiver_parks_a_message_it_met_before_due() -> None:
+    win = InflightWindow("q", 0)
+    grants = acquire(win, 0, n=1, hw=1)
+    items = [[0, grants[0][1], "schedule", None, None, 4000]]
+    assert win.apply(cmd("settle", items=items), 10).result["results"] == [["ok", 0]]
+    assert acquire(win, 100, hw=1) == [] and win.stats()["scheduled"] == 1
+    [again] = acquire(win, 4000, hw=1)
+    assert again[0] == 0 and again[3] == 1  # the early look did not count as a delivery
+
+
+def test_expired_message_is_dropped_or_dead_lettered_by_policy() -> None:
+    win = InflightWindow("q", 0)
+    grants = acquire(win, 0, n=2, hw=2)
+    assert settle(win, 0, grants[:1], "expire") == ["ok"]
+    assert win.totals["expired"] == 1 and win.stats()["active"] == 1
+    items = [[grants[1][0], grants[1][1], "expire", None, None, None]]
+    dlq_on_expiry = Command("x", "settle", "q", 0, None, Policy(1000, 3, True), {"items": items})
+    assert win.apply(dlq_on_expiry, 0).result["results"] == [["ok", 0]]
+    dead = acquire(win, 0, sub="deadletter")
+    assert dead[0][0] == 1 and dead[0][4] == "TTLExpiredException"

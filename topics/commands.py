@@ -10,18 +10,23 @@ Command fields (all operations)::
     {"v": 1, "id": "<unique command id>", "op": "<operation>",
      "entity": "orders", "partition": 0,
      "reply": {"partition": 3, "client": "<client id>"} | null,
-     "policy": {"lock_ms": 60000, "max_delivery": 10}}
+     "policy": {"lock_ms": 60000, "max_delivery": 10, "dlq_expired": false}}
 
 Operations and their own fields:
 
 ``acquire``           ``sub`` ("active"|"deadletter"), ``max``, ``mode``
                       ("peek_lock"|"receive_and_delete"), ``hw`` (log end seen)
 ``acquire_deferred``  ``offsets``
-``settle``            ``items``: ``[[offset, lock_token, action, reason, description]]``
-                      with action one of complete, abandon, dead_letter, defer, renew
+``settle``            ``items``: ``[[offset, lock_token, action, reason, description, at_ms]]``
+                      with action one of complete, abandon, dead_letter, defer, renew,
+                      schedule (park until ``at_ms``: the receiver found the message not
+                      yet due) and expire (its time to live has passed); ``at_ms`` may
+                      be left out for the other actions
 ``expire``            (from the engine's timer) lapse the locks that ended
 ``stats``             ``hw``: counts of the window
 ``peek``              ``sub``, ``from`` (offset), ``max``, ``hw``: browse without locking
+``schedule``          ``items``: ``[[offset, due_ms]]``: keep sent messages invisible until due
+``cancel``            ``offsets``: cancel scheduled messages
 ``drop``              forget the window (queue deleted)
 
 A reply is ``{"v": 1, "id": ..., "client": ..., "ok": true, "result": {...}}``
@@ -39,8 +44,9 @@ from typing import Any
 
 VERSION = 1
 OPERATIONS = frozenset({"acquire", "acquire_deferred", "settle", "expire", "stats", "peek",
-                        "drop"})
-ACTIONS = frozenset({"complete", "abandon", "dead_letter", "defer", "renew"})
+                        "schedule", "cancel", "drop"})
+ACTIONS = frozenset({"complete", "abandon", "dead_letter", "defer", "renew", "schedule",
+                     "expire"})
 SUB_QUEUES = frozenset({"active", "deadletter"})
 MODES = frozenset({"peek_lock", "receive_and_delete"})
 MAX_LOCK_MS = 5 * 60 * 1000
@@ -68,6 +74,7 @@ class ReplyAddress:
 class Policy:
     lock_ms: int = 60_000
     max_delivery: int = 10
+    dead_letter_expired: bool = False
 
 
 @dataclass
@@ -106,8 +113,9 @@ def encode_command(cmd: Command) -> bytes:
         "partition": cmd.partition,
         "reply": None if cmd.reply is None else {"partition": cmd.reply.partition,
                                                   "client": cmd.reply.client},
-        "policy": None if cmd.policy is None else {"lock_ms": cmd.policy.lock_ms,
-                                                    "max_delivery": cmd.policy.max_delivery},
+        "policy": None if cmd.policy is None else {
+            "lock_ms": cmd.policy.lock_ms, "max_delivery": cmd.policy.max_delivery,
+            "dlq_expired": cmd.policy.dead_letter_expired},
     }
     body.update(cmd.args)
     return json.dumps(body, separators=(",", ":")).encode()
@@ -154,7 +162,8 @@ def decode_command(raw: bytes | None) -> Command:
         if pol is not None and not isinstance(pol, dict):
             raise CommandError("field 'policy' must be an object")
         policy = None if pol is None else Policy(_int(pol, "lock_ms", 1000, MAX_LOCK_MS),
-                                                 _int(pol, "max_delivery", 1, 1 << 30))
+                                                 _int(pol, "max_delivery", 1, 1 << 30),
+                                                 pol.get("dlq_expired") is True)
         args = _decode_args(op, obj)
     except CommandError as exc:
         raise CommandError(str(exc), cmd_id, reply) from None
@@ -169,13 +178,21 @@ def _decode_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
             raise CommandError(f"field 'mode' must be one of {sorted(MODES)}")
         return {"sub": obj["sub"], "mode": obj["mode"], "max": _int(obj, "max", 1, MAX_ACQUIRE),
                 "hw": _int(obj, "hw", 0, 1 << 62)}
-    if op == "acquire_deferred":
+    if op in ("acquire_deferred", "cancel"):
         offsets = obj.get("offsets")
         if not isinstance(offsets, list) or not offsets or len(offsets) > MAX_ACQUIRE or not all(
-            isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets
+            _is_count(o) for o in offsets
         ):
             raise CommandError("field 'offsets' must be a non-empty list of offsets")
         return {"offsets": offsets}
+    if op == "schedule":
+        items = obj.get("items")
+        if not isinstance(items, list) or not items or len(items) > MAX_ACQUIRE or not all(
+            isinstance(i, list) and len(i) == 2 and _is_count(i[0]) and _is_count(i[1])
+            for i in items
+        ):
+            raise CommandError("field 'items' must be a non-empty list of [offset, due_ms]")
+        return {"items": items}
     if op == "settle":
         return {"items": _decode_items(obj.get("items"))}
     if op == "stats":
@@ -188,15 +205,22 @@ def _decode_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _decode_items(items: Any) -> list[list[Any]]:
     if not isinstance(items, list) or not items or len(items) > MAX_ACQUIRE:
         raise CommandError(f"field 'items' must be a list of 1..{MAX_ACQUIRE} settlements")
     out = []
     for item in items:
-        if not (isinstance(item, list) and len(item) == 5):
-            raise CommandError(
-                "each settlement must be [offset, lock_token, action, reason, description]")
-        offset, token, action, reason, description = item
+        if not (isinstance(item, list) and len(item) in (5, 6)):
+            raise CommandError("each settlement must be "
+                               "[offset, lock_token, action, reason, description, at_ms]")
+        offset, token, action, reason, description = item[:5]
+        at = item[5] if len(item) == 6 else None
+        if action == "schedule" and not _is_count(at):
+            raise CommandError("a 'schedule' settlement needs at_ms, the time it is due")
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
             raise CommandError(f"settlement offset must be a non-negative integer, got {offset!r}")
         if not isinstance(token, str) or len(token) > 64:
@@ -207,7 +231,7 @@ def _decode_items(items: Any) -> list[list[Any]]:
             if text is not None and (not isinstance(text, str) or len(text) > MAX_TEXT):
                 raise CommandError("dead-letter reason and description must be text of "
                                    f"at most {MAX_TEXT} characters")
-        out.append([offset, token, action, reason, description])
+        out.append([offset, token, action, reason, description, at])
     return out
 
 
