@@ -7,6 +7,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from topics.commands import Policy
+
 DEFAULT_LOCK = dt.timedelta(seconds=60)
 MAX_LOCK = dt.timedelta(minutes=5)
 DEFAULT_TTL = dt.timedelta(days=10675199)  # Service Bus's "never" (TimeSpan.MaxValue)
@@ -32,6 +34,15 @@ class QueueProperties:
     enable_partitioning: bool = False
     partition_count: int = 1
     created_at_utc: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+
+    def policy(self) -> Policy:
+        """What the engine needs to know of this queue, sent with each command."""
+        return Policy(int(self.lock_duration.total_seconds() * 1000), self.max_delivery_count,
+                      self.dead_lettering_on_message_expiration)
+
+    @property
+    def expires_messages(self) -> bool:
+        return self.default_message_time_to_live < DEFAULT_TTL
 
     def to_json(self) -> bytes:
         body: dict[str, Any] = asdict(self)

@@ -56,12 +56,19 @@ def split_sequence_number(seq: int) -> tuple[int, int]:
     return seq >> OFFSET_BITS, seq & ((1 << OFFSET_BITS) - 1)
 
 
+def as_utc(value: dt.datetime) -> dt.datetime:
+    """A naive datetime is taken as UTC, as the SDK does."""
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value
+
+
+def epoch_ms(value: dt.datetime) -> int:
+    return int(as_utc(value).timestamp() * 1000)
+
+
 def _ms(value: dt.datetime | dt.timedelta) -> int:
     if isinstance(value, dt.timedelta):
         return int(value.total_seconds() * 1000)
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=dt.UTC)
-    return int(value.timestamp() * 1000)
+    return epoch_ms(value)
 
 
 def encode(message: ServiceBusMessage) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
@@ -170,4 +177,5 @@ def _decode_header(name: str, raw: bytes | None) -> dict[str, Any]:
 
 
 STATES = {"active": ServiceBusMessageState.ACTIVE, "deadletter": ServiceBusMessageState.ACTIVE,
-          "deferred": ServiceBusMessageState.DEFERRED}
+          "deferred": ServiceBusMessageState.DEFERRED,
+          "scheduled": ServiceBusMessageState.SCHEDULED}

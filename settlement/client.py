@@ -33,7 +33,7 @@ class ServiceBusClient:
 
     def get_queue_sender(self, queue_name: str, *, max_in_flight: int = 10_000,
                          **_: Any) -> ServiceBusSender:
-        sender = ServiceBusSender(self.settings, self._registry, queue_name,
+        sender = ServiceBusSender(self.settings, self._registry, queue_name, self._engine,
                                   max_in_flight=max_in_flight)
         self._handlers.append(sender)
         return sender

@@ -32,7 +32,7 @@ from settlement.exceptions import (
 from settlement.message import ServiceBusReceivedMessage
 from settlement.processor import MessageProcessor
 from topics import names
-from topics.commands import Policy, Reply
+from topics.commands import Reply
 from topics.connection import ConnectionSettings
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,7 @@ class ServiceBusReceiver:
         self._sub = "deadletter" if sub_queue else "active"
         self._max_wait_time = max_wait_time
         self._prefetch = max(prefetch_count, 1)
-        self._policy = Policy(int(props.lock_duration.total_seconds() * 1000),
-                              props.max_delivery_count)
+        self._policy = props.policy()
         self._topic = names.entity_log(settings.namespace, props.name)
         self._readers: dict[int, PartitionReader] = {}
         self._turn = itertools.cycle(range(props.partition_count))
@@ -129,16 +128,21 @@ class ServiceBusReceiver:
 
     def _materialize(self, partition: int, grants: list[list[Any]], *, peeked: bool = False
                      ) -> list[ServiceBusReceivedMessage]:
-        """Read the granted records; dead-letter the ones that break the format
-        (peeked records are shown as they are: nothing is locked to settle)."""
+        """Read the granted records and build the messages. Records that must
+        not reach the application are settled here instead: a record that
+        breaks the wire format is dead-lettered, an expired message expires, a
+        message not yet due is parked until it is, an offset with no record is
+        completed. Peeked records are shown as they are."""
         if not grants:
             return []
         records = self._reader(partition).read([g[0] for g in grants])
-        out, malformed, gaps = [], [], []
+        out: list[ServiceBusReceivedMessage] = []
+        withheld: list[list[Any]] = []
+        now = dt.datetime.now(dt.UTC)
         for offset, token, until, count, reason, description, source, state in grants:
             record = records[offset]
             if record is None:
-                gaps.append((offset, token))
+                withheld.append([offset, token, "complete", None, None])
                 continue
             delivery = {
                 "lock_token": token, "delivery_count": count,
@@ -151,33 +155,30 @@ class ServiceBusReceiver:
                                        partition, offset,
                                        lenient=peeked or self._sub == "deadletter", **delivery)
             except _wire.MalformedRecord as exc:
-                malformed.append((offset, token, exc.reason, str(exc)))
+                log.warning("dead-lettering malformed record %s[%d]@%d: %s",
+                            self._topic, partition, offset, exc)
+                withheld.append([offset, token, "dead_letter", exc.reason, str(exc)])
                 continue
+            self._apply_queue_ttl(message)
+            if not peeked and self._sub == "active":
+                held = _withhold(message, token, now)
+                if held is not None:
+                    withheld.append(held)
+                    continue
             message._receiver = None if peeked else self
             message._settled = self.receive_mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE
             out.append(message)
-        if not peeked:
-            self._settle_unreadable(partition, malformed, gaps)
+        if withheld and not peeked and self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK:
+            _raise_for(self._link.call(self._link.command(
+                "settle", self._props.name, partition, self._policy, items=withheld)),
+                self.entity_path)
         return out
 
-    def _settle_unreadable(self, partition: int, malformed: list[tuple[int, str, str, str]],
-                           gaps: list[tuple[int, str]]) -> None:
-        """A record that breaks the wire format goes to the dead-letter
-        sub-queue with the reason; an offset with no record is completed."""
-        if self.receive_mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE:
-            for offset, _token, _reason, problem in malformed:
-                log.warning("dropped malformed record %s[%d]@%d (receive-and-delete): %s",
-                            self._topic, partition, offset, problem)
-            return
-        items = [[o, t, "dead_letter", reason, problem] for o, t, reason, problem in malformed]
-        items += [[o, t, "complete", None, None] for o, t in gaps]
-        for offset, _token, _reason, problem in malformed:
-            log.warning("dead-lettering malformed record %s[%d]@%d: %s",
-                        self._topic, partition, offset, problem)
-        if items:
-            _raise_for(self._link.call(self._link.command(
-                "settle", self._props.name, partition, self._policy, items=items)),
-                self.entity_path)
+    def _apply_queue_ttl(self, message: ServiceBusReceivedMessage) -> None:
+        """The smaller of the message's and the queue's time to live applies."""
+        if self._props.expires_messages:
+            default = self._props.default_message_time_to_live
+            message.time_to_live = min(message.time_to_live or default, default)
 
     def __iter__(self) -> Iterator[ServiceBusReceivedMessage]:
         """Messages as they come; stops after ``max_wait_time`` without one."""
@@ -358,6 +359,19 @@ class ServiceBusReceiver:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _withhold(message: ServiceBusReceivedMessage, token: str | None, now: dt.datetime
+              ) -> list[Any] | None:
+    """The settlement for a message the application must not get yet (or ever)."""
+    offset = message.offset
+    expires = message.expires_at_utc
+    if expires is not None and expires <= now:
+        return [offset, token, "expire", None, None]
+    due = message.scheduled_enqueue_time_utc
+    if due is not None and _wire.as_utc(due) > now:
+        return [offset, token, "schedule", None, None, _wire.epoch_ms(due)]
+    return None
 
 
 def _raise_for(reply: Reply, entity_path: str) -> None:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from settlement import _wire
+from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
 from settlement.batch import ServiceBusMessageBatch
 from settlement.exceptions import (
+    MessageNotFoundError,
     MessageSizeExceededError,
     MessagingEntityNotFoundError,
     ServiceBusCommunicationError,
@@ -35,9 +38,11 @@ class ServiceBusSender:
     """
 
     def __init__(self, settings: ConnectionSettings, registry: EntityRegistry,
-                 queue_name: str, *, max_in_flight: int = 10_000) -> None:
+                 queue_name: str, engine: Callable[[], EngineLink], *,
+                 max_in_flight: int = 10_000) -> None:
         self.entity_name = queue_name
         self._registry = registry
+        self._engine = engine  # only scheduling talks to the engine
         self._topic = names.entity_log(settings.namespace, queue_name)
         self._producer = Producer({
             **settings.kafka_config(), "acks": "all", "enable.idempotence": True,
@@ -68,6 +73,8 @@ class ServiceBusSender:
 
         Raises the first rejection as a :class:`ServiceBusError` carrying the
         broker's error code, a tracking id and whether a retry may succeed.
+        Messages with a future ``scheduled_enqueue_time_utc`` stay invisible
+        until then.
         """
         if isinstance(message, ServiceBusMessageBatch):
             messages = message.messages
@@ -75,6 +82,42 @@ class ServiceBusSender:
             messages = [message]
         else:
             messages = list(message)
+        self._send(messages)
+
+    def schedule_messages(self, messages: ServiceBusMessage | Iterable[ServiceBusMessage],
+                          schedule_time_utc: dt.datetime, **_: Any) -> list[int]:
+        """Send messages that become visible at ``schedule_time_utc``; return
+        their sequence numbers (for :meth:`cancel_scheduled_messages`)."""
+        batch = [messages] if isinstance(messages, ServiceBusMessage) else list(messages)
+        for m in batch:
+            m.scheduled_enqueue_time_utc = schedule_time_utc
+        return [_wire.sequence_number(p, o) for p, o in self._send(batch)]
+
+    def cancel_scheduled_messages(self, sequence_numbers: int | Iterable[int],
+                                  **_: Any) -> None:
+        """Cancel scheduled messages that are not yet due; they are never delivered."""
+        seqs = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
+        by_partition: dict[int, list[int]] = {}
+        for seq in seqs:
+            partition, offset = _wire.split_sequence_number(seq)
+            by_partition.setdefault(partition, []).append(offset)
+        link, policy = self._engine(), self._registry.get(self.entity_name).policy()
+        replies = link.call_many([link.command("cancel", self.entity_name, p, policy,
+                                               offsets=offsets)
+                                  for p, offsets in sorted(by_partition.items())])
+        missing = [_wire.sequence_number(p, o)
+                   for (p, offsets), reply in zip(sorted(by_partition.items()), replies,
+                                                  strict=True)
+                   for o, (status, _) in zip(offsets, reply.result.get("results", []),
+                                             strict=False) if status != "ok"]
+        if missing or not all(r.ok for r in replies):
+            raise MessageNotFoundError(
+                f"no scheduled message to cancel with sequence number(s) {missing} in queue "
+                f"{self.entity_name!r}: they were never scheduled, are due already, or were "
+                "cancelled before")
+
+    def _send(self, messages: list[ServiceBusMessage]) -> list[tuple[int, int]]:
+        """Produce and wait for every acknowledgement; ``(partition, offset)`` of each."""
         if not all(isinstance(m, ServiceBusMessage) for m in messages):
             raise TypeError("send_messages takes ServiceBusMessage objects or a batch")
         try:
@@ -90,29 +133,52 @@ class ServiceBusSender:
                     f"message {m.message_id or ''} is {size} bytes; queue "
                     f"{self.entity_name!r} accepts at most {limit}: split the payload or "
                     "raise max_message_size_in_kilobytes")
+        if not records:
+            return []
         done = threading.Event()
         errors: list[KafkaError] = []
+        placed: list[tuple[int, int]] = [(0, 0)] * len(records)
         remaining = [len(records)]
         lock = threading.Lock()
 
-        def delivered(err: KafkaError | None, _msg: object) -> None:
-            self._release()
-            with lock:
-                if err is not None:
-                    errors.append(err)
-                remaining[0] -= 1
-                if remaining[0] == 0:
-                    done.set()
+        def delivered_to(index: int) -> Callable[[KafkaError | None, Message], None]:
+            def delivered(err: KafkaError | None, msg: Message) -> None:
+                self._release()
+                with lock:
+                    if err is not None:
+                        errors.append(err)
+                    else:
+                        placed[index] = (msg.partition(), msg.offset())
+                    remaining[0] -= 1
+                    if remaining[0] == 0:
+                        done.set()
+            return delivered
 
-        if not records:
-            return
-        for key, value, headers in records:
+        for index, (key, value, headers) in enumerate(records):
             self._acquire_slot()
-            self._produce(key, value, headers, delivered)
+            self._produce(key, value, headers, delivered_to(index))
         while not done.wait(0.001):
             self._producer.poll(0.05)
         if errors:
             raise _send_error(self.entity_name, errors[0])
+        self._announce_scheduled(messages, placed)
+        return placed
+
+    def _announce_scheduled(self, messages: list[ServiceBusMessage],
+                            placed: list[tuple[int, int]]) -> None:
+        """Tell the engine which sent messages are not due yet, so they are
+        hidden and counted at once (a receiver would also hold them back)."""
+        now = dt.datetime.now(dt.UTC)
+        by_partition: dict[int, list[list[int]]] = {}
+        for m, (partition, offset) in zip(messages, placed, strict=True):
+            due = m.scheduled_enqueue_time_utc
+            if due is not None and _wire.as_utc(due) > now:
+                by_partition.setdefault(partition, []).append([offset, _wire.epoch_ms(due)])
+        if not by_partition:
+            return
+        link, policy = self._engine(), self._registry.get(self.entity_name).policy()
+        link.call_many([link.command("schedule", self.entity_name, p, policy, items=items)
+                        for p, items in sorted(by_partition.items())])
 
     def _produce(self, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]],
                  callback: Any) -> None:

@@ -19,7 +19,6 @@ from settlement._properties import (
 )
 from settlement.exceptions import MessagingEntityAlreadyExistsError, ServiceBusError
 from topics import names, specs
-from topics.commands import Policy
 from topics.connection import ConnectionSettings, parse_connection_string
 from topics.offsets import log_end_offsets
 
@@ -81,7 +80,7 @@ class ServiceBusAdministrationClient:
         finally:
             consumer.close()
         link = self._engine()
-        policy = Policy(int(props.lock_duration.total_seconds() * 1000), props.max_delivery_count)
+        policy = props.policy()
         replies = link.call_many([link.command("stats", queue_name, p, policy, hw=ends[(topic, p)])
                                   for p in range(props.partition_count)])
         runtime = QueueRuntimeProperties(queue_name, created_at_utc=props.created_at_utc)
@@ -93,6 +92,7 @@ class ServiceBusAdministrationClient:
             runtime.dead_letter_message_count += stats["dead_letter"]
             runtime.deferred_message_count += stats["deferred"]
             runtime.locked_message_count += stats["locked"]
+            runtime.scheduled_message_count += stats.get("scheduled", 0)
         return runtime
 
     def _engine(self) -> EngineLink:
