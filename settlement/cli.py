@@ -27,9 +27,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
+from tqdm import tqdm
 
 from settlement._properties import DEFAULT_TTL
 from settlement.client import ServiceBusClient
+from settlement.dead_letters import purge_dead_letters, resubmit_dead_letters
 from settlement.exceptions import ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
 from settlement.message import PropertyValue, ServiceBusMessage, ServiceBusReceivedMessage
@@ -94,18 +96,38 @@ def build_parser() -> argparse.ArgumentParser:
     _add_send(commands, common)
     _add_receive(commands, common)
 
-    dlq = commands.add_parser(
-        "dlq", parents=[common], help="list dead-lettered messages without settling them",
-        description="List the dead-letter sub-queue of QUEUE. Each message is received in "
-                    "peek-lock mode and abandoned, which puts it back in the sub-queue (its "
-                    "delivery count goes up by one).")
-    dlq.add_argument("queue", metavar="QUEUE")
-    dlq.add_argument("--max", type=int, default=100, metavar="N",
-                     help="at most this many (default: 100)")
-    dlq.add_argument("--wait", type=float, default=5.0,
-                     help="seconds to wait for the first message (default: 5)")
-    dlq.set_defaults(handler=cmd_dlq)
+    _add_dlq_commands(commands, common)
     return parser
+
+
+def _add_dlq_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    dlq = commands.add_parser("dlq", parents=[common], help="list, resubmit or purge dead letters",
+                              description="Work with the dead-letter sub-queue of a queue. "
+                                          "'settlement dlq QUEUE' is 'settlement dlq list QUEUE'.")
+    dlq.set_defaults(handler=None, parser=dlq)
+    sub = dlq.add_subparsers(title="dlq commands", metavar="DLQ_COMMAND")
+    listing = sub.add_parser("list", parents=[common], help="show dead letters (peek)",
+                             description="Show the dead letters of QUEUE without locking or "
+                                         "settling them.")
+    listing.add_argument("queue", metavar="QUEUE")
+    listing.add_argument("--max", type=int, default=100, metavar="N",
+                         help="at most this many (default: 100)")
+    listing.set_defaults(handler=cmd_dlq)
+    resubmit = sub.add_parser(
+        "resubmit", parents=[common], help="send dead letters back to their queue",
+        description="Send dead letters back to QUEUE (same body, id and properties; "
+                    "dead-letter fields cleared, delivery count reset), each once.")
+    resubmit.add_argument("queue", metavar="QUEUE")
+    resubmit.add_argument("--reason", default=None, help="only dead letters with this reason")
+    resubmit.add_argument("--since", default=None, metavar="TIME",
+                          help="only messages enqueued at or after TIME (ISO 8601, UTC)")
+    resubmit.add_argument("--limit", type=int, default=None, metavar="N",
+                          help="at most this many")
+    resubmit.set_defaults(handler=cmd_dlq_resubmit)
+    purge = sub.add_parser("purge", parents=[common], help="delete every dead letter",
+                           description="Complete (remove) every dead letter of QUEUE.")
+    purge.add_argument("queue", metavar="QUEUE")
+    purge.set_defaults(handler=cmd_dlq_purge)
 
 
 def _add_common(parser: argparse.ArgumentParser, *, top_level: bool) -> None:
@@ -197,6 +219,7 @@ def _add_receive(commands: Any, common: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return the process exit code."""
     parser = build_parser()
+    argv = _dlq_list_by_default(list(sys.argv[1:] if argv is None else argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2, already printed)
@@ -222,6 +245,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _dlq_list_by_default(argv: list[str]) -> list[str]:
+    """``settlement dlq QUEUE`` lists, as before ``dlq`` had sub-commands."""
+    if "dlq" in argv:
+        at = argv.index("dlq") + 1
+        rest = [a for a in argv[at:] if not a.startswith("-")]
+        if rest and rest[0] not in ("list", "resubmit", "purge"):
+            argv.insert(at, "list")
+    return argv
 
 
 def _configure_logging(verbose: int) -> None:
@@ -331,8 +364,6 @@ def cmd_send(args: argparse.Namespace) -> int:
     total = len(args.body) * args.count
     messages = (_message_to_send(body, i, total, args.message_id, properties)
                 for i, body in enumerate(args.body * args.count))
-    from tqdm import tqdm
-
     with _client(args) as client, client.get_queue_sender(args.queue) as sender, \
             tqdm(total=total, unit="msg", disable=total <= 100, file=sys.stderr) as bar:
         chunk: list[ServiceBusMessage] = []
@@ -366,20 +397,34 @@ def cmd_receive(args: argparse.Namespace) -> int:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
+    if args.max < 1:
+        raise UsageError(f"--max must be at least 1, got {args.max}")
     with _client(args) as client, client.get_queue_receiver(
             args.queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
-        messages = receive_up_to(receiver, args.max, args.wait)
-        if messages:
-            for result in receiver.abandon_messages(messages):
-                if not result.succeeded:  # the lock lapsed: it is back in the sub-queue anyway
-                    log.info("could not abandon %s: %s", result.message.sequence_number,
-                             result.error)
+        messages = receiver.peek_messages(args.max)
     for message in messages:
         print(f"seq={message.sequence_number} reason={message.dead_letter_reason} "
               f"description={message.dead_letter_error_description} "
               f"id={message.message_id} body={_body(message)}")
     print(f"{len(messages)} dead-lettered message(s) in {args.queue!r} (left in place)",
           file=sys.stderr)
+    return 0
+
+
+def cmd_dlq_resubmit(args: argparse.Namespace) -> int:
+    since = dt.datetime.fromisoformat(args.since) if args.since else None
+    with _client(args) as client, tqdm(unit="msg", desc="resubmitted",
+                                       disable=None) as bar:
+        count = resubmit_dead_letters(client, args.queue, reason=args.reason, since=since,
+                                      limit=args.limit, on_progress=bar.update)
+    print(f"resubmitted {count} dead letter(s) to {args.queue!r}")
+    return 0
+
+
+def cmd_dlq_purge(args: argparse.Namespace) -> int:
+    with _client(args) as client, tqdm(unit="msg", desc="purged", disable=None) as bar:
+        count = purge_dead_letters(client, args.queue, on_progress=bar.update)
+    print(f"purged {count} dead letter(s) of {args.queue!r}")
     return 0
 
 

@@ -94,7 +94,7 @@ def test_dead_letter_then_dlq(conn: str, queue_name: str,
     assert "id=bad-1" in line and line.endswith("settled=dead-lettered")
 
     for _ in range(2):  # dlq leaves the messages where they are
-        code, out, err = run(capsys, "dlq", queue_name, "--wait", "10", *cs)
+        code, out, err = run(capsys, "dlq", queue_name, *cs)
         assert code == 0, err
         [line] = message_lines(out)
         assert "reason=BadPayload" in line and "description=cannot parse" in line

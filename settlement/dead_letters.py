@@ -1,0 +1,90 @@
+"""Dead-letter tooling: resubmit dead letters to their queue, or purge them.
+
+Both read the dead-letter sub-queue in peek-lock mode and complete each
+dead letter only after it has been handled (sent back and acknowledged, for a
+resubmit), so an interrupted run loses nothing and a second run picks up
+exactly what the first left. A dead letter that does not match the filters
+is left in the sub-queue.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+
+from settlement._wire import as_utc
+from settlement.client import ServiceBusClient
+from settlement.message import ServiceBusMessage, ServiceBusReceivedMessage
+from settlement.receiver import ServiceBusSubQueue
+
+Progress = Callable[[int], None]
+_BATCH = 100
+_WAIT = 1.0
+
+
+def resubmit_dead_letters(client: ServiceBusClient, queue_name: str, *,
+                          reason: str | None = None, since: dt.datetime | None = None,
+                          limit: int | None = None, on_progress: Progress | None = None
+                          ) -> int:
+    """Send dead letters of ``queue_name`` back to it; return how many.
+
+    The resubmitted message keeps its body, id and properties; the dead-letter
+    fields are cleared and its delivery count starts over. ``reason`` keeps
+    only dead letters with that reason, ``since`` only those enqueued at or
+    after that time.
+    """
+    def matches(message: ServiceBusReceivedMessage) -> bool:
+        if reason is not None and message.dead_letter_reason != reason:
+            return False
+        enqueued = message.enqueued_time_utc
+        return since is None or (enqueued is not None and enqueued >= as_utc(since))
+
+    with client.get_queue_sender(queue_name) as sender:
+        return _drain(client, queue_name, matches, limit, on_progress,
+                      lambda batch: sender.send_messages([_copy(m) for m in batch]))
+
+
+def purge_dead_letters(client: ServiceBusClient, queue_name: str, *,
+                       on_progress: Progress | None = None) -> int:
+    """Remove every dead letter of ``queue_name``; return how many."""
+    return _drain(client, queue_name, lambda _m: True, None, on_progress, lambda _b: None)
+
+
+def _drain(client: ServiceBusClient, queue_name: str,
+           matches: Callable[[ServiceBusReceivedMessage], bool], limit: int | None,
+           on_progress: Progress | None,
+           handle: Callable[[list[ServiceBusReceivedMessage]], None]) -> int:
+    """Receive dead letters, ``handle`` the matching ones, then complete them.
+    The others stay locked until the end, so they are not received again, and
+    are then abandoned back into the sub-queue."""
+    done = 0
+    skipped: list[ServiceBusReceivedMessage] = []
+    with client.get_queue_receiver(queue_name, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+        try:
+            while limit is None or done < limit:
+                want = _BATCH if limit is None else min(_BATCH, limit - done)
+                batch = dlq.receive_messages(want, max_wait_time=_WAIT)
+                if not batch:
+                    break
+                chosen = [m for m in batch if matches(m)]
+                skipped += [m for m in batch if not matches(m)]
+                if chosen:
+                    handle(chosen)
+                    settled = [r for r in dlq.complete_messages(chosen) if r.succeeded]
+                    done += len(settled)
+                    if on_progress is not None:
+                        on_progress(len(settled))
+        finally:
+            if skipped:
+                dlq.abandon_messages(skipped)
+    return done
+
+
+def _copy(message: ServiceBusReceivedMessage) -> ServiceBusMessage:
+    return ServiceBusMessage(
+        message.body, application_properties=message.application_properties,
+        session_id=message.session_id, message_id=message.message_id,
+        content_type=message.content_type, correlation_id=message.correlation_id,
+        subject=message.subject, partition_key=message.partition_key, to=message.to,
+        reply_to=message.reply_to, reply_to_session_id=message.reply_to_session_id,
+        time_to_live=message.time_to_live)
