@@ -37,8 +37,13 @@ class QueueProperties:
 
     def policy(self) -> Policy:
         """What the engine needs to know of this queue, sent with each command."""
-        return Policy(int(self.lock_duration.total_seconds() * 1000), self.max_delivery_count,
-                      self.dead_lettering_on_message_expiration)
+        return Policy(
+            int(self.lock_duration.total_seconds() * 1000), self.max_delivery_count,
+            self.dead_lettering_on_message_expiration,
+            int(self.duplicate_detection_history_time_window.total_seconds() * 1000)
+            if self.requires_duplicate_detection else 0,
+            int(self.default_message_time_to_live.total_seconds() * 1000)
+            if self.expires_messages else 0)
 
     @property
     def expires_messages(self) -> bool:

@@ -80,4 +80,4 @@ windows = app.Table(
 )
 
 
-from streams import command_agent, lock_timer  # noqa: E402,F401  (registers agent and timer)
+from streams import command_agent, lock_timer, scan_timer  # noqa: E402,F401  (registers them)

@@ -26,7 +26,7 @@ import itertools
 import json
 from typing import Any
 
-from streams import scheduling
+from streams import acceptance, scheduling
 from streams.states import (
     AVAILABLE,
     CANCELLED,
@@ -42,7 +42,7 @@ from streams.states import (
     Event,
     Outcome,
 )
-from topics.commands import Command, batch_id, lock_token, parse_lock_token
+from topics.commands import Command, Policy, batch_id, lock_token, parse_lock_token
 
 _RECENT = 64        # command ids remembered per window for idempotent replays
 
@@ -62,6 +62,12 @@ class InflightWindow:
         self.lock_ms = 60_000
         self.max_delivery = 10
         self.dead_letter_expired = False
+        self.duplicate_window_ms = 0
+        self.default_ttl_ms = 0
+        #: Accepted up to here (queues whose headers the engine scans); None: not scanned.
+        self.scanned: int | None = None
+        #: offset -> when it expires, for accepted messages with a time to live.
+        self.expiries: dict[int, int] = {}
         self.totals: dict[str, int] = {}
 
     # ----------------------------------------------------------------- storage
@@ -71,14 +77,16 @@ class InflightWindow:
             "entity": self.entity, "partition": self.partition, "start": self.start,
             "next": self.next, "hw": self.hw, "lock_ms": self.lock_ms,
             "max_delivery": self.max_delivery, "dlq_expired": self.dead_letter_expired,
+            "dup_ms": self.duplicate_window_ms, "ttl_ms": self.default_ttl_ms,
+            "scanned": self.scanned, "expiries": list(self.expiries.items()),
             "totals": self.totals,
             "slots": [[o, *s] for o, s in self.slots.items()],
             "parked": [[o, *s] for o, s in self.parked.items()],
             "recent": list(self.recent.items()),
         }
         wake = self.wake_at()
-        head = b"-" if wake is None else str(wake).encode()
-        return head + b"\n" + json.dumps(body, separators=(",", ":")).encode()
+        head = ("-" if wake is None else str(wake)) + ("" if self.scanned is None else " scan")
+        return head.encode() + b"\n" + json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> InflightWindow:
@@ -87,6 +95,9 @@ class InflightWindow:
         win.start, win.next, win.hw = body["start"], body["next"], body["hw"]
         win.lock_ms, win.max_delivery = body["lock_ms"], body["max_delivery"]
         win.dead_letter_expired = body.get("dlq_expired", False)
+        win.duplicate_window_ms, win.default_ttl_ms = body.get("dup_ms", 0), body.get("ttl_ms", 0)
+        win.scanned = body.get("scanned")
+        win.expiries = {o: t for o, t in body.get("expiries", [])}
         win.totals = body["totals"]
         win.slots = {s[0]: s[1:] for s in body["slots"]}
         win.parked = {p[0]: p[1:] for p in body["parked"]}
@@ -95,23 +106,28 @@ class InflightWindow:
 
     @staticmethod
     def wake_of(raw: bytes) -> int | None:
-        """When the stored window next has a lock to lapse, without parsing it."""
-        head = raw.partition(b"\n")[0]
+        """When the stored window next has work for the timer, without parsing it."""
+        head = raw.partition(b"\n")[0].split(b" ")[0]
         return None if head in (b"-", b"") else int(head)
+
+    @staticmethod
+    def is_scanned(raw: bytes) -> bool:
+        """Whether the engine reads this window's headers, without parsing it."""
+        return raw.partition(b"\n")[0].endswith(b" scan")
 
     def wake_at(self) -> int | None:
         """The next time the timer has work here: a lock to lapse, a message due."""
         untils = [s[3] for s in self.slots.values() if s[0] == LOCKED]
         untils += [p[3] for p in self.parked.values()
                    if p[0] in (DEFERRED_LOCKED, DEAD_LOCKED, SCHEDULED)]
+        expiry = acceptance.next_expiry(self)
+        untils += [expiry] if expiry is not None else []
         return min(untils) if untils else None
 
     # -------------------------------------------------------------- dispatcher
     def apply(self, cmd: Command, now: int) -> Outcome:
         """Apply one command; a command id seen before returns its first answer."""
-        if cmd.policy is not None:  # the timer's expire commands carry none
-            self.lock_ms, self.max_delivery = cmd.policy.lock_ms, cmd.policy.max_delivery
-            self.dead_letter_expired = cmd.policy.dead_letter_expired
+        adopted = cmd.policy is not None and self._adopt(cmd.policy)  # timers send none
         if cmd.id in self.recent:
             return Outcome(self._replay(cmd), [], changed=False)
         events = self._expire(now)
@@ -131,6 +147,9 @@ class InflightWindow:
             result = scheduling.schedule(self, cmd.args["items"], events)
         elif cmd.op == "cancel":
             result = scheduling.cancel(self, cmd.args["offsets"], events)
+        elif cmd.op == "accept":
+            result = acceptance.accept(self, cmd.args["from"], cmd.args["to"],
+                                       cmd.args["items"], events)
         else:  # expire: the lapse above is all it asks for
             result = {}
         if cmd.op in ("acquire", "acquire_deferred", "settle", "schedule", "cancel"):
@@ -138,7 +157,24 @@ class InflightWindow:
         self._advance_start()
         for ev in events:
             self.totals[ev.type] = self.totals.get(ev.type, 0) + ev.count
-        return Outcome(result, events, changed=bool(events) or cmd.op not in ("stats", "peek"))
+        return Outcome(result, events,
+                       changed=adopted or bool(events) or cmd.op not in ("stats", "peek"))
+
+    def _adopt(self, policy: Policy) -> bool:
+        """Take the queue's policy from a command; True when it changed the window."""
+        before = self._policy()
+        self.lock_ms, self.max_delivery = policy.lock_ms, policy.max_delivery
+        self.dead_letter_expired = policy.dead_letter_expired
+        self.duplicate_window_ms = policy.duplicate_window_ms
+        self.default_ttl_ms = policy.default_ttl_ms
+        if policy.scanned and self.scanned is None:
+            # From here on the scanner accepts offsets before they are handed out.
+            self.scanned = self.next
+        return self._policy() != before
+
+    def _policy(self) -> tuple[Any, ...]:
+        return (self.lock_ms, self.max_delivery, self.dead_letter_expired,
+                self.duplicate_window_ms, self.default_ttl_ms, self.scanned)
 
     def _remember(self, cmd_id: str, result: dict[str, Any]) -> None:
         """Keep what is needed to answer the command again, compactly: the
@@ -183,6 +219,7 @@ class InflightWindow:
         if unparked:
             events.append(Event("lock_expired", unparked))
         scheduling.activate_due(self, now, events)
+        acceptance.expire_due(self, now, events)
         return events
 
     def _release(self, offsets: list[int], events: list[Event], kind: str | None) -> None:
@@ -206,7 +243,7 @@ class InflightWindow:
     def _dead_letter(self, offsets: list[int], reason: str | None, description: str | None,
                      events: list[Event]) -> None:
         for o in offsets:
-            slot = self.slots.pop(o, None) or self.parked.pop(o)
+            slot = self.slots.pop(o, None) or self.parked.pop(o, None) or [DEAD, 0]
             self.parked[o] = [DEAD, slot[1], 0, 0, reason, description, self.entity]
         events.append(Event("dead_lettered", offsets,
                             {"reason": reason, "description": description}))
@@ -262,7 +299,8 @@ class InflightWindow:
         ones are passed over (a cancelled one is then gone for good)."""
         taken: list[int] = []
         o = self.next
-        while o < self.hw and len(taken) < want:
+        end = self.hw if self.scanned is None else min(self.hw, self.scanned)
+        while o < end and len(taken) < want:
             parked = self.parked.get(o)
             if parked is None:
                 self.slots[o] = [AVAILABLE, 0, 0, 0]
@@ -324,7 +362,7 @@ class InflightWindow:
                 scheduling.park(self, offset, entry, at)
                 action = "scheduled"
             elif action == "expire":
-                self._expire_message(offset, events)
+                self.expire_message(offset, events)
             else:
                 self._apply_action(offset, entry, action, reason, description, events)
             statuses.append(["ok", 0])
@@ -353,7 +391,7 @@ class InflightWindow:
             self.slots.pop(offset, None)
             self.parked[offset] = [DEFERRED, entry[1], 0, 0, None, None, None]
 
-    def _expire_message(self, offset: int, events: list[Event]) -> None:
+    def expire_message(self, offset: int, events: list[Event]) -> None:
         """Its time to live has passed: dead-letter it if the queue says so,
         otherwise drop it; either way it is never delivered again."""
         if self.dead_letter_expired:
@@ -363,8 +401,10 @@ class InflightWindow:
             return
         if offset in self.slots:
             self._complete(offset)
+        elif offset >= self.next:  # never handed out: the grant loop must pass it over
+            self.parked[offset] = [CANCELLED, 0, 0, 0, None, None, None]
         else:
-            del self.parked[offset]
+            self.parked.pop(offset, None)
         events.append(Event("expired", [offset]))
 
     def _advance_start(self) -> None:

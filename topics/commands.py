@@ -27,6 +27,9 @@ Operations and their own fields:
 ``peek``              ``sub``, ``from`` (offset), ``max``, ``hw``: browse without locking
 ``schedule``          ``items``: ``[[offset, due_ms]]``: keep sent messages invisible until due
 ``cancel``            ``offsets``: cancel scheduled messages
+``accept``            (from the engine's log scanner) ``from``, ``to``, ``items``:
+                      ``[[offset, expires_ms, due_ms, duplicate]]`` for the offsets of
+                      ``[from, to)`` that need more than a plain message
 ``drop``              forget the window (queue deleted)
 
 A reply is ``{"v": 1, "id": ..., "client": ..., "ok": true, "result": {...}}``
@@ -44,7 +47,7 @@ from typing import Any
 
 VERSION = 1
 OPERATIONS = frozenset({"acquire", "acquire_deferred", "settle", "expire", "stats", "peek",
-                        "schedule", "cancel", "drop"})
+                        "schedule", "cancel", "accept", "drop"})
 ACTIONS = frozenset({"complete", "abandon", "dead_letter", "defer", "renew", "schedule",
                      "expire"})
 SUB_QUEUES = frozenset({"active", "deadletter"})
@@ -75,6 +78,13 @@ class Policy:
     lock_ms: int = 60_000
     max_delivery: int = 10
     dead_letter_expired: bool = False
+    duplicate_window_ms: int = 0    # 0: no duplicate detection
+    default_ttl_ms: int = 0         # 0: messages live until settled
+
+    @property
+    def scanned(self) -> bool:
+        """Whether the engine reads this queue's headers before handing messages out."""
+        return self.duplicate_window_ms > 0 or self.default_ttl_ms > 0
 
 
 @dataclass
@@ -115,7 +125,8 @@ def encode_command(cmd: Command) -> bytes:
                                                   "client": cmd.reply.client},
         "policy": None if cmd.policy is None else {
             "lock_ms": cmd.policy.lock_ms, "max_delivery": cmd.policy.max_delivery,
-            "dlq_expired": cmd.policy.dead_letter_expired},
+            "dlq_expired": cmd.policy.dead_letter_expired,
+            "dup_ms": cmd.policy.duplicate_window_ms, "ttl_ms": cmd.policy.default_ttl_ms},
     }
     body.update(cmd.args)
     return json.dumps(body, separators=(",", ":")).encode()
@@ -163,7 +174,11 @@ def decode_command(raw: bytes | None) -> Command:
             raise CommandError("field 'policy' must be an object")
         policy = None if pol is None else Policy(_int(pol, "lock_ms", 1000, MAX_LOCK_MS),
                                                  _int(pol, "max_delivery", 1, 1 << 30),
-                                                 pol.get("dlq_expired") is True)
+                                                 pol.get("dlq_expired") is True,
+                                                 _int(pol, "dup_ms", 0, 1 << 40) if "dup_ms" in pol
+                                                 else 0,
+                                                 _int(pol, "ttl_ms", 0, 1 << 50) if "ttl_ms" in pol
+                                                 else 0)
         args = _decode_args(op, obj)
     except CommandError as exc:
         raise CommandError(str(exc), cmd_id, reply) from None
@@ -185,6 +200,15 @@ def _decode_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
         ):
             raise CommandError("field 'offsets' must be a non-empty list of offsets")
         return {"offsets": offsets}
+    if op == "accept":
+        items = obj.get("items")
+        if not isinstance(items, list) or len(items) > 100_000 or not all(
+            isinstance(i, list) and len(i) == 4 and all(_is_count(v) for v in i) for i in items
+        ):
+            raise CommandError("field 'items' must be a list of [offset, expires_ms, due_ms, "
+                               "duplicate]")
+        return {"from": _int(obj, "from", 0, 1 << 62), "to": _int(obj, "to", 0, 1 << 62),
+                "items": items}
     if op == "schedule":
         items = obj.get("items")
         if not isinstance(items, list) or not items or len(items) > MAX_ACQUIRE or not all(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import uuid
 from typing import Any
 
@@ -17,11 +18,17 @@ from settlement._properties import (
     QueueProperties,
     QueueRuntimeProperties,
 )
-from settlement.exceptions import MessagingEntityAlreadyExistsError, ServiceBusError
+from settlement.exceptions import (
+    MessagingEntityAlreadyExistsError,
+    OperationTimeoutError,
+    ServiceBusConnectionError,
+    ServiceBusError,
+)
 from topics import names, specs
 from topics.connection import ConnectionSettings, parse_connection_string
 from topics.offsets import log_end_offsets
 
+log = logging.getLogger(__name__)
 _DUPLICATE_WINDOW = (dt.timedelta(seconds=20), dt.timedelta(days=7))
 
 
@@ -50,7 +57,21 @@ class ServiceBusAdministrationClient:
         specs.provision(self._admin, specs.entity_topics(
             self._settings.namespace, queue_name, props.partition_count))
         self._registry.put(props, queue_name)
+        if props.policy().scanned:
+            self._open_windows(props)
         return props
+
+    def _open_windows(self, props: QueueProperties) -> None:
+        """Give the engine the queue's policy now, so it scans and expires its
+        messages before any receiver comes (best effort: otherwise the first
+        command of a client does it)."""
+        try:
+            link = self._engine()
+            link.call_many([link.command("stats", props.name, p, props.policy(), hw=0)
+                            for p in range(props.partition_count)])
+        except (OperationTimeoutError, ServiceBusConnectionError) as exc:
+            log.warning("queue %r created, but the engine did not answer (%s); it will scan "
+                        "the queue once a client uses it", props.name, exc.message)
 
     def get_queue(self, queue_name: str) -> QueueProperties:
         return self._registry.get(queue_name, fresh=True)

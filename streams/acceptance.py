@@ -1,0 +1,73 @@
+"""Acceptance: what the engine learns from a queue's headers before delivery.
+
+For queues with duplicate detection or a default time to live, the engine's
+log scanner (``streams.log_scanner``) reads each record's headers and sends
+``accept`` commands for consecutive ranges of offsets. Offsets are handed out
+only once accepted (``window.scanned``), so a duplicate can never slip out
+before it is known to be one. An accepted range may carry, per offset:
+
+* a duplicate mark: the message is acknowledged to its sender but never
+  delivered (an event records it);
+* a due time: a scheduled message, parked until due;
+* an expiry: the window expires the message on its own timer, whether or not
+  a receiver is there (dead-lettered or dropped, by the queue's policy).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from streams.states import CANCELLED, COMPLETED, LOCKED, SCHEDULED, Event
+
+if TYPE_CHECKING:
+    from streams.window import InflightWindow
+
+
+def accept(window: InflightWindow, first: int, end: int, items: list[list[int]],
+           events: list[Event]) -> dict[str, Any]:
+    """Apply one scanned range; a range that does not continue where the
+    window stands (a repeat after a crash, say) changes nothing."""
+    if window.scanned is None or first != window.scanned or end < first:
+        return {"accepted": False, "scanned": window.scanned}
+    duplicates, scheduled = [], []
+    for offset, expires, due, duplicate in items:
+        if not first <= offset < end:
+            continue
+        if duplicate:
+            window.parked[offset] = [CANCELLED, 0, 0, 0, None, None, None]
+            duplicates.append(offset)
+            continue
+        if due:
+            window.parked[offset] = [SCHEDULED, 0, 0, due, None, None, None]
+            scheduled.append(offset)
+        if expires:
+            window.expiries[offset] = expires
+    window.scanned = end
+    window.see_log_end(end, events)
+    if duplicates:
+        events.append(Event("duplicate", duplicates))
+    if scheduled:
+        events.append(Event("scheduled", scheduled))
+    return {"accepted": True, "scanned": end}
+
+
+def expire_due(window: InflightWindow, now: int, events: list[Event]) -> None:
+    """Expire every message whose time to live has passed and that nobody
+    holds a lock on (a locked message expires when its lock ends)."""
+    for offset, expires in sorted(window.expiries.items()):
+        if expires > now:
+            continue
+        slot = window.slots.get(offset)
+        parked = window.parked.get(offset)
+        if slot is not None and slot[0] == LOCKED:
+            continue
+        del window.expiries[offset]
+        in_play = (slot is not None and slot[0] != COMPLETED) or (
+            parked is not None and parked[0] == SCHEDULED) or (
+            offset >= window.next and parked is None)
+        if in_play:
+            window.expire_message(offset, events)
+
+
+def next_expiry(window: InflightWindow) -> int | None:
+    return min(window.expiries.values()) if window.expiries else None

@@ -1,0 +1,174 @@
+"""The log scanner: reads the headers of queues that need them, in bulk.
+
+Only queues with duplicate detection or a default time to live are scanned
+(``Policy.scanned``); plain queues never pay for it. The scanner runs in the
+engine process, off the event loop, with one assigned consumer per log
+partition, and turns each batch of records into one ``accept`` command
+(``streams.acceptance``): duplicates, due times and expiries of the offsets
+it read. It keeps nothing durable of its own: the window records how far it
+was accepted, and the duplicate-detection history is rebuilt from the log
+itself (first occurrence wins), so it survives a restart unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+
+from streams.window import InflightWindow
+from topics import names
+from topics.commands import Command
+from topics.connection import ConnectionSettings
+from topics.offsets import take
+
+log = logging.getLogger(__name__)
+_UNKNOWN = -1001
+MAX_RECORDS = 5000
+
+
+class LogScanner:
+    """Scans from a worker thread; :meth:`reset` may come from another."""
+
+    def __init__(self, settings: ConnectionSettings) -> None:
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._consumers: dict[tuple[str, int], Consumer] = {}
+        self._positions: dict[tuple[str, int], int] = {}
+        #: window key -> message id -> (offset, enqueued ms), oldest first
+        self._seen: dict[str, OrderedDict[str, tuple[int, int]]] = {}
+        #: window key -> (accepted up to, when sent): an accept not yet applied
+        self._sent: dict[str, tuple[int, float]] = {}
+
+    def scan(self, window: InflightWindow) -> Command | None:
+        """The ``accept`` command for the next records of ``window``, if any."""
+        with self._lock:
+            return self._scan(window)
+
+    def reset(self) -> None:
+        """Forget histories and positions: after a rebalance another worker
+        may have accepted records of a window this one will own again."""
+        with self._lock:
+            self._seen.clear()
+            self._sent.clear()
+            self._positions.clear()
+
+    def _scan(self, window: InflightWindow) -> Command | None:
+        assert window.scanned is not None
+        key = f"{window.entity}#{window.partition}"
+        sent = self._sent.get(key)
+        if sent is not None and sent[0] > window.scanned and time.monotonic() - sent[1] < 5:
+            return None  # the previous accept is still on its way to the agent
+        tp = (names.entity_log(self._settings.namespace, window.entity), window.partition)
+        if window.duplicate_window_ms and key not in self._seen:
+            self._rebuild_history(key, tp, window)
+        records = self._read(tp, window.scanned)
+        if not records:
+            return None
+        now = int(time.time() * 1000)
+        items = [item for r in records if (item := self._item(key, window, r, now)) is not None]
+        end = records[-1].offset() + 1
+        self._sent[key] = (end, time.monotonic())
+        return Command(f"accept-{uuid.uuid4().hex}", "accept", window.entity, window.partition,
+                       None, None, {"from": window.scanned, "to": end, "items": items})
+
+    def _item(self, key: str, window: InflightWindow, record: Message, now: int
+              ) -> list[int] | None:
+        headers = _headers(record)
+        enqueued = record.timestamp()[1]
+        offset = record.offset()
+        message_id = headers.get("message-id")
+        if window.duplicate_window_ms and message_id is not None:
+            if self._remember(key, message_id, offset, enqueued, window.duplicate_window_ms):
+                return [offset, 0, 0, 1]
+        ttls = [t for t in (_int(headers.get("time-to-live-ms")), window.default_ttl_ms) if t]
+        expires = enqueued + min(ttls) if ttls else 0
+        due = _int(headers.get("scheduled-enqueue-time-ms"))
+        due = due if due > now else 0
+        return [offset, expires, due, 0] if expires or due else None
+
+    def _remember(self, key: str, message_id: str, offset: int, enqueued: int,
+                  window_ms: int) -> bool:
+        """Record an id; True when an earlier offset had it within the window."""
+        seen = self._seen.setdefault(key, OrderedDict())
+        while seen:  # forget what has left the detection window
+            oldest_id, (_, at) = next(iter(seen.items()))
+            if at >= enqueued - window_ms:
+                break
+            del seen[oldest_id]
+        first = seen.get(message_id)
+        if first is not None and first[0] < offset and enqueued - first[1] <= window_ms:
+            return True
+        if first is None:
+            seen[message_id] = (offset, enqueued)
+        return False
+
+    def _rebuild_history(self, key: str, tp: tuple[str, int], window: InflightWindow) -> None:
+        """Ids of the detection window before ``scanned``, read again from the log."""
+        assert window.scanned is not None
+        self._seen[key] = OrderedDict()
+        since = int(time.time() * 1000) - window.duplicate_window_ms
+        consumer = self._consumer(tp)
+        try:
+            found = consumer.offsets_for_times([TopicPartition(*tp, since)], timeout=10)[0]
+            start = found.offset if found.offset >= 0 else window.scanned
+        except KafkaException:
+            start = 0
+        # ListOffsets may answer low on some brokers (Tansu): reading more is harmless.
+        position = min(start, window.scanned)
+        while position < window.scanned:
+            records = self._read(tp, position, until=window.scanned)
+            if not records:
+                break
+            for record in records:
+                message_id = _headers(record).get("message-id")
+                if message_id is not None:
+                    self._remember(key, message_id, record.offset(), record.timestamp()[1],
+                                   window.duplicate_window_ms)
+            position = records[-1].offset() + 1
+        log.info("rebuilt duplicate history of %s: %d ids", key, len(self._seen[key]))
+
+    def _read(self, tp: tuple[str, int], start: int, until: int | None = None) -> list[Message]:
+        consumer = self._consumer(tp)
+        if self._positions.get(tp) != start:
+            consumer.assign([TopicPartition(*tp, start)])
+            self._positions[tp] = start
+        records = [r for r in take(consumer, MAX_RECORDS, 0.05) if r.error() is None]
+        if until is not None:
+            records = [r for r in records if r.offset() < until]
+        if records:
+            self._positions[tp] = records[-1].offset() + 1
+        return records
+
+    def _consumer(self, tp: tuple[str, int]) -> Consumer:
+        if tp not in self._consumers:
+            self._consumers[tp] = Consumer(
+                self._settings.consumer_config(f"scanner-{uuid.uuid4().hex[:8]}"))
+        return self._consumers[tp]
+
+    def close(self) -> None:
+        for consumer in self._consumers.values():
+            consumer.close()
+        self._consumers.clear()
+
+
+def _headers(record: Message) -> dict[str, str]:
+    out = {}
+    for name, value in record.headers() or []:
+        if name in ("message-id", "time-to-live-ms", "scheduled-enqueue-time-ms"):
+            try:
+                out[name] = (value or b"").decode("utf-8")
+            except UnicodeDecodeError:
+                continue  # the receiver dead-letters malformed records
+    return out
+
+
+def _int(text: str | None) -> int:
+    return int(text) if text is not None and text.isdigit() else 0
+
+
+

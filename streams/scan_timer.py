@@ -1,0 +1,36 @@
+"""Drives the log scanner: every tick, scanned windows get their next accept.
+
+Faust tables are written only by agents, so the accept travels as a command
+to the window's partition like every other change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from streams.app import app, commands_topic, settings, timer_interval, windows
+from streams.log_scanner import LogScanner
+from streams.window import InflightWindow
+from topics import specs
+from topics.commands import command_partition, encode_command
+
+_scanner = LogScanner(settings)
+
+
+@app.timer(interval=timer_interval)
+async def scan_queue_logs() -> None:
+    for key, raw in list(windows.items()):
+        if not raw or not InflightWindow.is_scanned(raw):
+            continue
+        window = InflightWindow.from_bytes(raw)
+        cmd = await asyncio.to_thread(_scanner.scan, window)
+        if cmd is not None:
+            await commands_topic.send(
+                key=key, value=encode_command(cmd),
+                partition=command_partition(key.decode(), specs.ENGINE_PARTITIONS))
+
+
+@app.on_rebalance_complete.connect
+async def _forget_positions(sender: object, **_: object) -> None:
+    """Windows may have moved between workers: start each scan from the table."""
+    await asyncio.to_thread(_scanner.reset)

@@ -1,0 +1,89 @@
+"""Queues whose headers the engine reads: duplicate detection, and expiry by
+the engine's own timer with no receiver around."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+
+from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from settlement.embedded import EmbeddedBroker
+from settlement.management import ServiceBusAdministrationClient
+from streams.process import EngineProcess
+from topics import names, specs
+
+
+def drain_ids(client: ServiceBusClient, queue: str, wait: float = 2.0) -> list[str]:
+    receiver = client.get_queue_receiver(queue)
+    ids: list[str] = []
+    while batch := receiver.receive_messages(50, max_wait_time=wait):
+        ids += [m.message_id for m in batch]
+        receiver.complete_messages(batch)
+    receiver.close()
+    return ids
+
+
+def test_second_send_of_a_message_id_is_acknowledged_but_never_delivered(
+        client: ServiceBusClient, admin: ServiceBusAdministrationClient,
+        make_queue: Callable[..., str]) -> None:
+    queue = make_queue(requires_duplicate_detection=True,
+                       duplicate_detection_history_time_window=60)
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage("1", message_id="a"),
+                              ServiceBusMessage("2", message_id="b")])
+        sender.send_messages(ServiceBusMessage("again", message_id="a"))  # acknowledged
+        sender.send_messages(ServiceBusMessage("3", message_id="c"))
+    assert drain_ids(client, queue) == ["a", "b", "c"]
+    props = admin.get_queue_runtime_properties(queue)
+    assert props.active_message_count == 0
+
+
+def test_duplicate_history_survives_an_engine_restart(broker: EmbeddedBroker,
+                                                      tmp_path: Path) -> None:
+    conn = broker.connection_string(f"dup{uuid.uuid4().hex[:6]}")
+    engine = EngineProcess(conn, tmp_path).start()
+    try:
+        with ServiceBusAdministrationClient.from_connection_string(conn) as admin, \
+                ServiceBusClient.from_connection_string(conn) as client:
+            admin.create_queue("orders", requires_duplicate_detection=True, lock_duration=5)
+            with client.get_queue_sender("orders") as sender:
+                sender.send_messages(ServiceBusMessage("first", message_id="order-1"))
+            assert drain_ids(client, "orders") == ["order-1"]
+            engine.kill()
+            engine.start()
+            with client.get_queue_sender("orders") as sender:
+                sender.send_messages([ServiceBusMessage("retry", message_id="order-1"),
+                                      ServiceBusMessage("next", message_id="order-2")])
+            assert drain_ids(client, "orders", wait=3) == ["order-2"]
+    finally:
+        engine.stop()
+
+
+def test_engine_expires_messages_on_its_own_timer_without_a_receiver(
+        client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+    queue = make_queue(default_message_time_to_live=1, dead_lettering_on_message_expiration=True)
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage("x", message_id="x"),
+                              ServiceBusMessage("y", message_id="y",
+                                                time_to_live=dt.timedelta(hours=1))])
+    # No receiver and no admin call from here on: only the engine acts.
+    consumer = Consumer(client.settings.consumer_config("expiry-watch"))
+    consumer.assign([TopicPartition(names.state(client.settings.namespace), p, 0)
+                     for p in range(specs.ENGINE_PARTITIONS)])
+    last: dict[str, object] = {}
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and last.get("dead_letter") != 2:
+        for record in consumer.consume(200, timeout=0.2):
+            if not record.error() and record.key() == f"{queue}#0".encode():
+                last = json.loads(record.value())
+    consumer.close()
+    assert last.get("dead_letter") == 2 and last.get("active") == 0, last
+    dlq = client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+    reasons = {m.message_id: m.dead_letter_reason for m in dlq.peek_messages(10)}
+    assert reasons == {"x": "TTLExpiredException", "y": "TTLExpiredException"}
