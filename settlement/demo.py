@@ -2,8 +2,9 @@
 
 Starts the embedded broker and one engine worker, creates queue ``orders``
 (2 s locks, 3 deliveries at most) and drives complete, abandon, a lapsed lock,
-dead-letter, defer, max delivery count, batch completion and (on a second
-queue) receive-and-delete. Then it reads the dead-letter sub-queue, prints the
+dead-letter, defer, max delivery count, batch completion, (on a second
+queue) receive-and-delete and (on a third, with duplicate detection) a
+duplicate, an expiring and a scheduled message. Then it reads the dead-letter sub-queue, prints the
 outcomes and the runtime counts, shuts everything down and exits 0 -- or 1,
 saying which expectation failed.
 
@@ -12,6 +13,7 @@ Run it with ``python -m settlement.demo``.
 
 from __future__ import annotations
 
+import datetime as dt
 import gc
 import json
 import logging
@@ -43,6 +45,7 @@ log = logging.getLogger("settlement.demo")
 NAMESPACE = "demo"
 QUEUE = "orders"
 RAD_QUEUE = "notifications"
+LIFE_QUEUE = "invoices"
 LOCK_S = 2
 MAX_DELIVERY = 3
 #: How long to wait for a message that should be there.
@@ -258,6 +261,42 @@ class Demo:
         for message in got:
             self.record("receive-and-delete", message, "deleted on receipt")
 
+    def path_lifecycle(self) -> None:
+        """Duplicate detection, expiry and a scheduled message on LIFE_QUEUE."""
+        log.info("[lifecycle] on %r: a duplicate, a 1 s time to live, a message due in 3 s",
+                 LIFE_QUEUE)
+        due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=3)
+        with self.client.get_queue_sender(LIFE_QUEUE) as sender:
+            sender.send_messages([
+                ServiceBusMessage("invoice 1", message_id="invoice-1"),
+                ServiceBusMessage("invoice 1 again", message_id="invoice-1"),
+                ServiceBusMessage("short-lived", message_id="invoice-stale",
+                                  time_to_live=dt.timedelta(seconds=1))])
+            sender.schedule_messages(ServiceBusMessage("later", message_id="invoice-later"), due)
+        time.sleep(1.5)
+        with self.client.get_queue_receiver(LIFE_QUEUE) as receiver:
+            first = receiver.receive_messages(10, max_wait_time=WAIT_S)
+            self.expect([m.message_id for m in first] == ["invoice-1"],
+                        f"expected only invoice-1 before the scheduled time, got "
+                        f"{[m.message_id for m in first]}")
+            receiver.complete_messages(first)
+            for message in first:
+                self.record("duplicate detection", message,
+                            "delivered once; its second send was acknowledged, never delivered")
+            later = receiver.receive_messages(1, max_wait_time=WAIT_S)
+            on_time = bool(later) and dt.datetime.now(dt.UTC) >= due
+            self.expect(on_time, "the scheduled message did not arrive at its time")
+            receiver.complete_messages(later)
+            for message in later:
+                self.record("scheduled", message, "invisible until due, then delivered")
+        dlq = self.client.get_queue_receiver(LIFE_QUEUE, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+        expired = dlq.peek_messages(5)
+        self.expect([m.dead_letter_reason for m in expired] == ["TTLExpiredException"],
+                    "the expired message is not in the dead-letter sub-queue")
+        for message in expired:
+            self.record("time to live", message, "expired unreceived: TTLExpiredException")
+        dlq.close()
+
     def read_dead_letters(self) -> list[ServiceBusReceivedMessage]:
         """Peek-lock the dead-letter sub-queue, check the reasons, put them back."""
         log.info("[dead-letter sub-queue] receive %s/$deadletterqueue, abandon to keep them",
@@ -290,8 +329,9 @@ class Demo:
         return got
 
     def runtime_counts(self) -> dict[str, QueueRuntimeProperties]:
-        counts = {q: self.admin.get_queue_runtime_properties(q) for q in (QUEUE, RAD_QUEUE)}
-        expected = {QUEUE: (0, 2, 0, 0), RAD_QUEUE: (0, 0, 0, 0)}
+        counts = {q: self.admin.get_queue_runtime_properties(q)
+                  for q in (QUEUE, RAD_QUEUE, LIFE_QUEUE)}
+        expected = {QUEUE: (0, 2, 0, 0), RAD_QUEUE: (0, 0, 0, 0), LIFE_QUEUE: (0, 1, 0, 0)}
         for name, runtime in counts.items():
             seen = _counts(runtime)
             self.expect(seen == expected[name],
@@ -392,6 +432,8 @@ def drive(conn: str) -> int:
     try:
         admin.create_queue(QUEUE, lock_duration=LOCK_S, max_delivery_count=MAX_DELIVERY)
         admin.create_queue(RAD_QUEUE)
+        admin.create_queue(LIFE_QUEUE, requires_duplicate_detection=True,
+                           dead_lettering_on_message_expiration=True)
         log.info("created queues %r (lock %d s, max delivery %d) and %r", QUEUE, LOCK_S,
                  MAX_DELIVERY, RAD_QUEUE)
         demo.send_workload()
@@ -402,6 +444,7 @@ def drive(conn: str) -> int:
                 path()
             demo.expect_nothing(f"every message of {QUEUE!r} is settled or dead-lettered")
         demo.path_receive_and_delete()
+        demo.path_lifecycle()
         dead = demo.read_dead_letters()
         counts = demo.runtime_counts()
         print_summary(demo, dead, counts)
