@@ -158,6 +158,13 @@ def _add_queue_commands(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="deliveries before dead-lettering (default: 10)")
     create.add_argument("--partitions", type=int, default=None, metavar="N",
                         help="partitions of the queue's log, 1..64 (default: 1)")
+    create.add_argument("--default-ttl", type=float, default=None, metavar="SECONDS",
+                        help="default_message_time_to_live (default: never expire)")
+    create.add_argument("--dead-letter-on-expiration", action="store_true",
+                        help="expired messages go to the dead-letter sub-queue")
+    create.add_argument("--duplicate-detection", type=float, default=None, metavar="SECONDS",
+                        help="turn duplicate detection on with this history window "
+                             "(20 s to 7 days)")
     create.set_defaults(handler=cmd_queue_create)
 
     listing = sub.add_parser("list", parents=[common], help="list queues",
@@ -304,7 +311,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_queue_create(args: argparse.Namespace) -> int:
     options = {"lock_duration": args.lock_duration,
                "max_delivery_count": args.max_delivery_count,
-               "partition_count": args.partitions}
+               "partition_count": args.partitions,
+               "default_message_time_to_live": args.default_ttl,
+               "dead_lettering_on_message_expiration": args.dead_letter_on_expiration or None,
+               "requires_duplicate_detection": args.duplicate_detection is not None or None,
+               "duplicate_detection_history_time_window": args.duplicate_detection}
     with _admin(args) as admin:
         props = admin.create_queue(args.name,
                                    **{k: v for k, v in options.items() if v is not None})
@@ -338,11 +349,19 @@ def cmd_queue_show(args: argparse.Namespace) -> int:
         ("partition_count", props.partition_count),
         ("max_message_size_in_kilobytes", props.max_message_size_in_kilobytes),
         ("default_message_time_to_live", _seconds(props.default_message_time_to_live)),
+        ("dead_lettering_on_message_expiration", props.dead_lettering_on_message_expiration),
+        ("requires_duplicate_detection", props.requires_duplicate_detection),
+        ("duplicate_detection_history_time_window",
+         _seconds(props.duplicate_detection_history_time_window)),
         ("created_at_utc", props.created_at_utc.isoformat()),
         ("active_message_count", runtime.active_message_count),
         ("dead_letter_message_count", runtime.dead_letter_message_count),
         ("deferred_message_count", runtime.deferred_message_count),
         ("locked_message_count", runtime.locked_message_count),
+        ("scheduled_message_count", runtime.scheduled_message_count),
+        ("transfer_dead_letter_message_count", runtime.transfer_dead_letter_message_count),
+        ("total_message_count", runtime.total_message_count),
+        ("size_in_bytes", runtime.size_in_bytes),
     ]
     width = max(len(k) for k, _ in fields)
     for key, value in fields:

@@ -160,3 +160,17 @@ def test_settle_option_mistakes(conn: str, queue_name: str,
     code, _, err = run(capsys, "receive", queue_name, "--mode", "receive-and-delete",
                        "--settle", "abandon", *cs)
     assert code == 2 and "deleted on receipt" in err
+
+
+def test_queue_create_with_lifecycle_options_and_show(conn: str, queue_name: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    cs = ("--connection-string", conn)
+    code, _, err = run(capsys, "queue", "create", queue_name, "--default-ttl", "30",
+                       "--dead-letter-on-expiration", "--duplicate-detection", "60", *cs)
+    assert code == 0, err
+    code, out, err = run(capsys, "queue", "show", queue_name, *cs)
+    assert code == 0, err
+    fields = shown(out)
+    assert fields["requires_duplicate_detection"] == "True"
+    assert fields["dead_lettering_on_message_expiration"] == "True"
+    assert fields["scheduled_message_count"] == "0" and fields["total_message_count"] == "0"
