@@ -43,7 +43,8 @@ class QueueProperties:
             int(self.duplicate_detection_history_time_window.total_seconds() * 1000)
             if self.requires_duplicate_detection else 0,
             int(self.default_message_time_to_live.total_seconds() * 1000)
-            if self.expires_messages else 0)
+            if self.expires_messages else 0,
+            self.forward_to, self.forward_dead_lettered_messages_to)
 
     @property
     def expires_messages(self) -> bool:

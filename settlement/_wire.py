@@ -178,4 +178,5 @@ def _decode_header(name: str, raw: bytes | None) -> dict[str, Any]:
 
 STATES = {"active": ServiceBusMessageState.ACTIVE, "deadletter": ServiceBusMessageState.ACTIVE,
           "deferred": ServiceBusMessageState.DEFERRED,
-          "scheduled": ServiceBusMessageState.SCHEDULED}
+          "scheduled": ServiceBusMessageState.SCHEDULED,
+          "transferdeadletter": ServiceBusMessageState.ACTIVE}

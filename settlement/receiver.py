@@ -73,15 +73,16 @@ class ServiceBusReceiver:
                  props: QueueProperties, *, sub_queue: ServiceBusSubQueue | None = None,
                  receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
                  max_wait_time: float | None = None, prefetch_count: int = 0) -> None:
-        if sub_queue == ServiceBusSubQueue.TRANSFER_DEAD_LETTER:
-            raise InvalidOperationError("the transfer dead-letter sub-queue is not available yet")
-        self.entity_path = props.name + (names.DEAD_LETTER_SUFFIX if sub_queue else "")
+        self.entity_path = props.name + {
+            None: "", ServiceBusSubQueue.DEAD_LETTER: names.DEAD_LETTER_SUFFIX,
+            ServiceBusSubQueue.TRANSFER_DEAD_LETTER: names.TRANSFER_DEAD_LETTER_SUFFIX,
+        }[sub_queue]
         self.receive_mode = ServiceBusReceiveMode(receive_mode)
         self._settings = settings
         self._link = link
         self._batcher = batcher
         self._props = props
-        self._sub = "deadletter" if sub_queue else "active"
+        self._sub = "active" if sub_queue is None else sub_queue.value
         self._max_wait_time = max_wait_time
         self._prefetch = max(prefetch_count, 1)
         self._policy = props.policy()
@@ -153,7 +154,7 @@ class ServiceBusReceiver:
             try:
                 message = _wire.decode(record.value(), record.headers(), record.timestamp()[1],
                                        partition, offset,
-                                       lenient=peeked or self._sub == "deadletter", **delivery)
+                                       lenient=peeked or self._sub != "active", **delivery)
             except _wire.MalformedRecord as exc:
                 log.warning("dead-lettering malformed record %s[%d]@%d: %s",
                             self._topic, partition, offset, exc)
@@ -247,7 +248,7 @@ class ServiceBusReceiver:
 
     def dead_letter_message(self, message: ServiceBusReceivedMessage, reason: str | None = None,
                             error_description: str | None = None) -> None:
-        if self._sub == "deadletter":
+        if self._sub != "active":
             raise InvalidOperationError(
                 f"message {message.sequence_number} is in the dead-letter sub-queue of "
                 f"{self._props.name!r} and cannot be dead-lettered again: complete it instead")

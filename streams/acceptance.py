@@ -17,10 +17,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from streams.states import CANCELLED, COMPLETED, LOCKED, SCHEDULED, Event
+from streams.states import (
+    CANCELLED,
+    COMPLETED,
+    DEAD,
+    LOCKED,
+    MAX_HOPS_REASON,
+    SCHEDULED,
+    TARGET_MISSING_REASON,
+    TRANSFER_DEAD,
+    Event,
+)
 
 if TYPE_CHECKING:
     from streams.window import InflightWindow
+
+# Marks of an accepted offset.
+PLAIN, DUPLICATE, FORWARDED, TOO_MANY_HOPS, TARGET_MISSING = range(5)
+MAX_HOPS = 4
+_TRANSFER_FAILURES = {TOO_MANY_HOPS: MAX_HOPS_REASON, TARGET_MISSING: TARGET_MISSING_REASON}
 
 
 def accept(window: InflightWindow, first: int, end: int, items: list[list[int]],
@@ -29,13 +44,19 @@ def accept(window: InflightWindow, first: int, end: int, items: list[list[int]],
     window stands (a repeat after a crash, say) changes nothing."""
     if window.scanned is None or first != window.scanned or end < first:
         return {"accepted": False, "scanned": window.scanned}
-    duplicates, scheduled = [], []
-    for offset, expires, due, duplicate in items:
+    duplicates, scheduled, forwarded = [], [], []
+    for offset, expires, due, mark in items:
         if not first <= offset < end:
             continue
-        if duplicate:
+        if mark in (DUPLICATE, FORWARDED):
             window.parked[offset] = [CANCELLED, 0, 0, 0, None, None, None]
-            duplicates.append(offset)
+            (duplicates if mark == DUPLICATE else forwarded).append(offset)
+            continue
+        if mark in _TRANSFER_FAILURES:
+            reason = _TRANSFER_FAILURES[mark]
+            window.parked[offset] = [TRANSFER_DEAD, 0, 0, 0, reason,
+                                     _describe(reason, window), window.entity]
+            events.append(Event("transfer_dead_lettered", [offset], {"reason": reason}))
             continue
         if due:
             window.parked[offset] = [SCHEDULED, 0, 0, due, None, None, None]
@@ -46,9 +67,30 @@ def accept(window: InflightWindow, first: int, end: int, items: list[list[int]],
     window.see_log_end(end, events)
     if duplicates:
         events.append(Event("duplicate", duplicates))
+    if forwarded:
+        events.append(Event("forwarded", forwarded, {"to": window.forward_to}))
     if scheduled:
         events.append(Event("scheduled", scheduled))
     return {"accepted": True, "scanned": end}
+
+
+def dead_forwarded(window: InflightWindow, offsets: list[int], events: list[Event]
+                   ) -> dict[str, Any]:
+    """Dead letters the scanner copied to ``forward_dead_letters_to`` leave
+    the sub-queue (unless a receiver holds one: the next sweep retries)."""
+    moved = [o for o in offsets if (window.parked.get(o) or [None])[0] == DEAD]
+    for offset in moved:
+        del window.parked[offset]
+    if moved:
+        events.append(Event("forwarded", moved, {"to": window.forward_dead_letters_to}))
+    return {"moved": moved}
+
+
+def _describe(reason: str, window: InflightWindow) -> str:
+    if reason == MAX_HOPS_REASON:
+        return (f"forwarding to {window.forward_to!r} would take the message over "
+                f"{MAX_HOPS} transfer hops")
+    return f"the forward_to target {window.forward_to!r} does not exist"
 
 
 def expire_due(window: InflightWindow, now: int, events: list[Event]) -> None:

@@ -20,6 +20,9 @@ from collections import OrderedDict
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
+from streams.acceptance import DUPLICATE, PLAIN
+from streams.forwarding import Forwarder
+from streams.states import DEAD
 from streams.window import InflightWindow
 from topics import names
 from topics.commands import Command
@@ -43,11 +46,16 @@ class LogScanner:
         self._seen: dict[str, OrderedDict[str, tuple[int, int]]] = {}
         #: window key -> (accepted up to, when sent): an accept not yet applied
         self._sent: dict[str, tuple[int, float]] = {}
+        #: dead letters already copied to their forward target (not yet removed)
+        self._dead_sent: set[tuple[str, int]] = set()
+        self._forwarder = Forwarder(settings)
 
-    def scan(self, window: InflightWindow) -> Command | None:
-        """The ``accept`` command for the next records of ``window``, if any."""
+    def scan(self, window: InflightWindow) -> list[Command]:
+        """Commands for what changed in ``window``'s log: an ``accept`` for its
+        next records, a ``dead_forwarded`` for dead letters moved on."""
         with self._lock:
-            return self._scan(window)
+            commands = [self._scan(window), self._forward_dead_letters(window)]
+            return [c for c in commands if c is not None]
 
     def reset(self) -> None:
         """Forget histories and positions: after a rebalance another worker
@@ -55,6 +63,7 @@ class LogScanner:
         with self._lock:
             self._seen.clear()
             self._sent.clear()
+            self._dead_sent.clear()
             self._positions.clear()
 
     def _scan(self, window: InflightWindow) -> Command | None:
@@ -70,11 +79,37 @@ class LogScanner:
         if not records:
             return None
         now = int(time.time() * 1000)
-        items = [item for r in records if (item := self._item(key, window, r, now)) is not None]
+        items, to_forward = [], []
+        for record in records:
+            item = self._item(key, window, record, now)
+            if window.forward_to and (item is None or item[3] == PLAIN):
+                to_forward.append(record)  # the target applies time to live and schedule
+            elif item is not None:
+                items.append(item)
+        if to_forward:
+            assert window.forward_to is not None
+            items += self._forwarder.forward(to_forward, window.forward_to)
         end = records[-1].offset() + 1
         self._sent[key] = (end, time.monotonic())
         return Command(f"accept-{uuid.uuid4().hex}", "accept", window.entity, window.partition,
                        None, None, {"from": window.scanned, "to": end, "items": items})
+
+    def _forward_dead_letters(self, window: InflightWindow) -> Command | None:
+        if not window.forward_dead_letters_to:
+            return None
+        dead = {o: (p[4], p[5]) for o, p in window.parked.items() if p[0] == DEAD}
+        key = f"{window.entity}#{window.partition}"
+        fresh = sorted(o for o in dead if (key, o) not in self._dead_sent)
+        if not fresh:
+            return None
+        topic = names.entity_log(self._settings.namespace, window.entity)
+        copied = self._forwarder.forward_dead_letters(topic, window.partition, fresh[:500], dead,
+                                                      window.forward_dead_letters_to)
+        self._dead_sent.update((key, o) for o in copied)
+        if not copied:
+            return None
+        return Command(f"dead-forwarded-{uuid.uuid4().hex}", "dead_forwarded", window.entity,
+                       window.partition, None, None, {"offsets": copied})
 
     def _item(self, key: str, window: InflightWindow, record: Message, now: int
               ) -> list[int] | None:
@@ -84,12 +119,12 @@ class LogScanner:
         message_id = headers.get("message-id")
         if window.duplicate_window_ms and message_id is not None:
             if self._remember(key, message_id, offset, enqueued, window.duplicate_window_ms):
-                return [offset, 0, 0, 1]
+                return [offset, 0, 0, DUPLICATE]
         ttls = [t for t in (_int(headers.get("time-to-live-ms")), window.default_ttl_ms) if t]
         expires = enqueued + min(ttls) if ttls else 0
         due = _int(headers.get("scheduled-enqueue-time-ms"))
         due = due if due > now else 0
-        return [offset, expires, due, 0] if expires or due else None
+        return [offset, expires, due, PLAIN] if expires or due else None
 
     def _remember(self, key: str, message_id: str, offset: int, enqueued: int,
                   window_ms: int) -> bool:
@@ -151,6 +186,7 @@ class LogScanner:
         return self._consumers[tp]
 
     def close(self) -> None:
+        self._forwarder.close()
         for consumer in self._consumers.values():
             consumer.close()
         self._consumers.clear()

@@ -23,8 +23,7 @@ async def scan_queue_logs() -> None:
         if not raw or not InflightWindow.is_scanned(raw):
             continue
         window = InflightWindow.from_bytes(raw)
-        cmd = await asyncio.to_thread(_scanner.scan, window)
-        if cmd is not None:
+        for cmd in await asyncio.to_thread(_scanner.scan, window):
             await commands_topic.send(
                 key=key, value=encode_command(cmd),
                 partition=command_partition(key.decode(), specs.ENGINE_PARTITIONS))

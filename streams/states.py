@@ -17,10 +17,21 @@ DEFERRED_LOCKED = "d"
 DEAD = "X"          # in the dead-letter sub-queue
 DEAD_LOCKED = "x"
 SCHEDULED = "S"     # parked until due (the entry's time field holds the due time)
-CANCELLED = "K"     # a scheduled message cancelled before anyone saw it
+CANCELLED = "K"     # never to be handed out: cancelled, duplicate, forwarded or expired unseen
+TRANSFER_DEAD = "T"  # in the transfer dead-letter sub-queue (forwarding failed)
+TRANSFER_DEAD_LOCKED = "t"
+
+#: sub-queue -> (its available state, its locked state)
+SUB_QUEUE_STATES = {"deadletter": (DEAD, DEAD_LOCKED),
+                    "transferdeadletter": (TRANSFER_DEAD, TRANSFER_DEAD_LOCKED)}
+#: locked parked state -> the state its lock returns it to
+UNLOCKED = {DEFERRED_LOCKED: DEFERRED, DEAD_LOCKED: DEAD, TRANSFER_DEAD_LOCKED: TRANSFER_DEAD}
+PARKED_LOCKED = frozenset(UNLOCKED)
 
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 TTL_EXPIRED_REASON = "TTLExpiredException"
+MAX_HOPS_REASON = "MaxTransferHopCountExceeded"
+TARGET_MISSING_REASON = "ForwardTargetNotFound"
 
 
 @dataclass

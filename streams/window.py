@@ -37,8 +37,13 @@ from streams.states import (
     DEFERRED_LOCKED,
     LOCKED,
     MAX_DELIVERY_REASON,
+    PARKED_LOCKED,
     SCHEDULED,
+    SUB_QUEUE_STATES,
+    TRANSFER_DEAD,
+    TRANSFER_DEAD_LOCKED,
     TTL_EXPIRED_REASON,
+    UNLOCKED,
     Event,
     Outcome,
 )
@@ -64,6 +69,8 @@ class InflightWindow:
         self.dead_letter_expired = False
         self.duplicate_window_ms = 0
         self.default_ttl_ms = 0
+        self.forward_to: str | None = None
+        self.forward_dead_letters_to: str | None = None
         #: Accepted up to here (queues whose headers the engine scans); None: not scanned.
         self.scanned: int | None = None
         #: offset -> when it expires, for accepted messages with a time to live.
@@ -78,6 +85,7 @@ class InflightWindow:
             "next": self.next, "hw": self.hw, "lock_ms": self.lock_ms,
             "max_delivery": self.max_delivery, "dlq_expired": self.dead_letter_expired,
             "dup_ms": self.duplicate_window_ms, "ttl_ms": self.default_ttl_ms,
+            "fwd": self.forward_to, "fwd_dlq": self.forward_dead_letters_to,
             "scanned": self.scanned, "expiries": list(self.expiries.items()),
             "totals": self.totals,
             "slots": [[o, *s] for o, s in self.slots.items()],
@@ -97,6 +105,7 @@ class InflightWindow:
         win.dead_letter_expired = body.get("dlq_expired", False)
         win.duplicate_window_ms, win.default_ttl_ms = body.get("dup_ms", 0), body.get("ttl_ms", 0)
         win.scanned = body.get("scanned")
+        win.forward_to, win.forward_dead_letters_to = body.get("fwd"), body.get("fwd_dlq")
         win.expiries = {o: t for o, t in body.get("expiries", [])}
         win.totals = body["totals"]
         win.slots = {s[0]: s[1:] for s in body["slots"]}
@@ -119,7 +128,7 @@ class InflightWindow:
         """The next time the timer has work here: a lock to lapse, a message due."""
         untils = [s[3] for s in self.slots.values() if s[0] == LOCKED]
         untils += [p[3] for p in self.parked.values()
-                   if p[0] in (DEFERRED_LOCKED, DEAD_LOCKED, SCHEDULED)]
+                   if p[0] in PARKED_LOCKED or p[0] == SCHEDULED]
         expiry = acceptance.next_expiry(self)
         untils += [expiry] if expiry is not None else []
         return min(untils) if untils else None
@@ -150,6 +159,8 @@ class InflightWindow:
         elif cmd.op == "accept":
             result = acceptance.accept(self, cmd.args["from"], cmd.args["to"],
                                        cmd.args["items"], events)
+        elif cmd.op == "dead_forwarded":
+            result = acceptance.dead_forwarded(self, cmd.args["offsets"], events)
         else:  # expire: the lapse above is all it asks for
             result = {}
         if cmd.op in ("acquire", "acquire_deferred", "settle", "schedule", "cancel"):
@@ -167,6 +178,8 @@ class InflightWindow:
         self.dead_letter_expired = policy.dead_letter_expired
         self.duplicate_window_ms = policy.duplicate_window_ms
         self.default_ttl_ms = policy.default_ttl_ms
+        self.forward_to = policy.forward_to
+        self.forward_dead_letters_to = policy.forward_dead_letters_to
         if policy.scanned and self.scanned is None:
             # From here on the scanner accepts offsets before they are handed out.
             self.scanned = self.next
@@ -174,7 +187,8 @@ class InflightWindow:
 
     def _policy(self) -> tuple[Any, ...]:
         return (self.lock_ms, self.max_delivery, self.dead_letter_expired,
-                self.duplicate_window_ms, self.default_ttl_ms, self.scanned)
+                self.duplicate_window_ms, self.default_ttl_ms, self.scanned, self.forward_to,
+                self.forward_dead_letters_to)
 
     def _remember(self, cmd_id: str, result: dict[str, Any]) -> None:
         """Keep what is needed to answer the command again, compactly: the
@@ -201,7 +215,7 @@ class InflightWindow:
         grants = [self._grant(o, s) for o, s in sorted(self.slots.items())
                   if s[0] == LOCKED and s[2] == batch]
         grants += [self._grant(o, p) for o, p in sorted(self.parked.items())
-                   if p[0] in (DEFERRED_LOCKED, DEAD_LOCKED) and p[2] == batch]
+                   if p[0] in PARKED_LOCKED and p[2] == batch]
         if stored and stored.get("deleted"):
             grants += [[o, None, 0, 0, None, None, None, "active"] for o in stored["deleted"]]
         return {"grants": grants, "next": self.next}
@@ -212,10 +226,9 @@ class InflightWindow:
         lapsed = [o for o, s in self.slots.items() if s[0] == LOCKED and s[3] <= now]
         events: list[Event] = []
         self._release(lapsed, events, "lock_expired")
-        back = {DEFERRED_LOCKED: DEFERRED, DEAD_LOCKED: DEAD}
-        unparked = [o for o, p in self.parked.items() if p[0] in back and p[3] <= now]
+        unparked = [o for o, p in self.parked.items() if p[0] in UNLOCKED and p[3] <= now]
         for o in unparked:
-            self.parked[o][0] = back[self.parked[o][0]]
+            self.parked[o][0] = UNLOCKED[self.parked[o][0]]
         if unparked:
             events.append(Event("lock_expired", unparked))
         scheduling.activate_due(self, now, events)
@@ -257,22 +270,23 @@ class InflightWindow:
         self.hw = max(self.hw, hw)
 
     def _grant(self, offset: int, entry: list[Any]) -> list[Any]:
-        sub = "deadletter" if entry[0] == DEAD_LOCKED else "active"
+        state = {DEAD_LOCKED: "deadletter", TRANSFER_DEAD_LOCKED: "transferdeadletter",
+                 DEFERRED_LOCKED: "deferred"}.get(entry[0], "active")
         extra = entry[4:7] if len(entry) > 4 else [None, None, None]
-        state = "deferred" if entry[0] == DEFERRED_LOCKED else sub
         return [offset, lock_token(entry[2], offset), entry[3], entry[1], *extra, state]
 
     def _acquire(self, cmd: Command, now: int, events: list[Event]) -> dict[str, Any]:
         self.see_log_end(cmd.args["hw"], events)
         want, batch = cmd.args["max"], batch_id(cmd.id)
         until = now + self.lock_ms
-        if cmd.args["sub"] == "deadletter":
-            picked = [o for o, p in sorted(self.parked.items()) if p[0] == DEAD][:want]
+        if cmd.args["sub"] in SUB_QUEUE_STATES:
+            free, locked = SUB_QUEUE_STATES[cmd.args["sub"]]
+            picked = [o for o, p in sorted(self.parked.items()) if p[0] == free][:want]
             for o in picked:
                 entry = self.parked[o]
-                entry[0], entry[1], entry[2], entry[3] = DEAD_LOCKED, entry[1] + 1, batch, until
+                entry[0], entry[1], entry[2], entry[3] = locked, entry[1] + 1, batch, until
             if picked:
-                events.append(Event("locked", picked, {"sub": "deadletter", "until": until}))
+                events.append(Event("locked", picked, {"sub": cmd.args["sub"], "until": until}))
             return {"grants": [self._grant(o, self.parked[o]) for o in picked], "next": self.next}
         picked = [o for o, s in sorted(self.slots.items()) if s[0] == AVAILABLE][:want]
         picked += self._take_fresh(want - len(picked))
@@ -337,7 +351,7 @@ class InflightWindow:
         if parsed is None or parsed[1] != offset:
             return None
         entry = self.slots.get(offset) or self.parked.get(offset)
-        if entry is None or entry[0] not in (LOCKED, DEFERRED_LOCKED, DEAD_LOCKED):
+        if entry is None or (entry[0] != LOCKED and entry[0] not in PARKED_LOCKED):
             return None
         return entry if entry[2] == parsed[0] else None
 
@@ -350,7 +364,8 @@ class InflightWindow:
             if entry is None:
                 statuses.append(["lock_lost", 0])
                 continue
-            if entry[0] == DEAD_LOCKED and action in ("dead_letter", "defer"):
+            if entry[0] in (DEAD_LOCKED, TRANSFER_DEAD_LOCKED) and action in ("dead_letter",
+                                                                              "defer"):
                 statuses.append(["invalid", 0])
                 continue
             if action == "renew":
@@ -384,7 +399,7 @@ class InflightWindow:
             if state == LOCKED:
                 self._release([offset], events, None)
             else:
-                entry[0] = DEFERRED if state == DEFERRED_LOCKED else DEAD
+                entry[0] = UNLOCKED[state]
         elif action == "dead_letter":
             self._dead_letter([offset], reason, description, events)
         elif action == "defer":
@@ -419,7 +434,7 @@ class InflightWindow:
     def _peek(self, sub: str, first: int, want: int) -> dict[str, Any]:
         """Messages still in the (sub-)queue from offset ``first`` on, without
         locking them: ``[offset, state, delivery_count, reason, description, source]``."""
-        shown = {DEAD: "deadletter", DEAD_LOCKED: "deadletter"} if sub == "deadletter" else {
+        shown = {state: sub for state in SUB_QUEUE_STATES[sub]} if sub in SUB_QUEUE_STATES else {
             DEFERRED: "deferred", DEFERRED_LOCKED: "deferred", SCHEDULED: "scheduled"}
         parked = ((o, [o, shown[p[0]], p[1], *p[4:7]]) for o, p in sorted(self.parked.items())
                   if o >= first and p[0] in shown)
@@ -429,7 +444,7 @@ class InflightWindow:
                   for o in range(max(first, self.start), self.hw)
                   if o not in self.parked and (o >= self.next or self.slots.get(o, [COMPLETED])[0]
                                                != COMPLETED))
-        streams = [parked] if sub == "deadletter" else [parked, early, active]
+        streams = [parked] if sub in SUB_QUEUE_STATES else [parked, early, active]
         found = [entry for _, entry in itertools.islice(
             heapq.merge(*streams, key=lambda pair: pair[0]), want)]
         return {"messages": found}
@@ -446,6 +461,8 @@ class InflightWindow:
             "locked": sum(1 for s in self.slots.values() if s[0] == LOCKED),
             "deferred": sum(1 for s in parked_states if s in (DEFERRED, DEFERRED_LOCKED)),
             "dead_letter": sum(1 for s in parked_states if s in (DEAD, DEAD_LOCKED)),
+            "transfer_dead_letter": sum(1 for s in parked_states
+                                        if s in (TRANSFER_DEAD, TRANSFER_DEAD_LOCKED)),
             "scheduled": sum(1 for s in parked_states if s == SCHEDULED),
             "start": self.start, "next": self.next, "hw": self.hw,
         }

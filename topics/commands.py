@@ -28,8 +28,10 @@ Operations and their own fields:
 ``schedule``          ``items``: ``[[offset, due_ms]]``: keep sent messages invisible until due
 ``cancel``            ``offsets``: cancel scheduled messages
 ``accept``            (from the engine's log scanner) ``from``, ``to``, ``items``:
-                      ``[[offset, expires_ms, due_ms, duplicate]]`` for the offsets of
-                      ``[from, to)`` that need more than a plain message
+                      ``[[offset, expires_ms, due_ms, mark]]`` for the offsets of
+                      ``[from, to)`` that need more than a plain message; mark 0 plain,
+                      1 duplicate, 2 forwarded, 3 too many hops, 4 forward target missing
+``dead_forwarded``    (from the scanner) ``offsets``: dead letters moved to their target
 ``drop``              forget the window (queue deleted)
 
 A reply is ``{"v": 1, "id": ..., "client": ..., "ok": true, "result": {...}}``
@@ -47,10 +49,10 @@ from typing import Any
 
 VERSION = 1
 OPERATIONS = frozenset({"acquire", "acquire_deferred", "settle", "expire", "stats", "peek",
-                        "schedule", "cancel", "accept", "drop"})
+                        "schedule", "cancel", "accept", "dead_forwarded", "drop"})
 ACTIONS = frozenset({"complete", "abandon", "dead_letter", "defer", "renew", "schedule",
                      "expire"})
-SUB_QUEUES = frozenset({"active", "deadletter"})
+SUB_QUEUES = frozenset({"active", "deadletter", "transferdeadletter"})
 MODES = frozenset({"peek_lock", "receive_and_delete"})
 MAX_LOCK_MS = 5 * 60 * 1000
 MAX_ACQUIRE = 5000
@@ -80,11 +82,14 @@ class Policy:
     dead_letter_expired: bool = False
     duplicate_window_ms: int = 0    # 0: no duplicate detection
     default_ttl_ms: int = 0         # 0: messages live until settled
+    forward_to: str | None = None
+    forward_dead_letters_to: str | None = None
 
     @property
     def scanned(self) -> bool:
-        """Whether the engine reads this queue's headers before handing messages out."""
-        return self.duplicate_window_ms > 0 or self.default_ttl_ms > 0
+        """Whether the engine reads this queue's log before handing messages out."""
+        return bool(self.duplicate_window_ms or self.default_ttl_ms or self.forward_to
+                    or self.forward_dead_letters_to)
 
 
 @dataclass
@@ -126,7 +131,8 @@ def encode_command(cmd: Command) -> bytes:
         "policy": None if cmd.policy is None else {
             "lock_ms": cmd.policy.lock_ms, "max_delivery": cmd.policy.max_delivery,
             "dlq_expired": cmd.policy.dead_letter_expired,
-            "dup_ms": cmd.policy.duplicate_window_ms, "ttl_ms": cmd.policy.default_ttl_ms},
+            "dup_ms": cmd.policy.duplicate_window_ms, "ttl_ms": cmd.policy.default_ttl_ms,
+            "fwd": cmd.policy.forward_to, "fwd_dlq": cmd.policy.forward_dead_letters_to},
     }
     body.update(cmd.args)
     return json.dumps(body, separators=(",", ":")).encode()
@@ -178,7 +184,7 @@ def decode_command(raw: bytes | None) -> Command:
                                                  _int(pol, "dup_ms", 0, 1 << 40) if "dup_ms" in pol
                                                  else 0,
                                                  _int(pol, "ttl_ms", 0, 1 << 50) if "ttl_ms" in pol
-                                                 else 0)
+                                                 else 0, _name(pol, "fwd"), _name(pol, "fwd_dlq"))
         args = _decode_args(op, obj)
     except CommandError as exc:
         raise CommandError(str(exc), cmd_id, reply) from None
@@ -193,7 +199,7 @@ def _decode_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
             raise CommandError(f"field 'mode' must be one of {sorted(MODES)}")
         return {"sub": obj["sub"], "mode": obj["mode"], "max": _int(obj, "max", 1, MAX_ACQUIRE),
                 "hw": _int(obj, "hw", 0, 1 << 62)}
-    if op in ("acquire_deferred", "cancel"):
+    if op in ("acquire_deferred", "cancel", "dead_forwarded"):
         offsets = obj.get("offsets")
         if not isinstance(offsets, list) or not offsets or len(offsets) > MAX_ACQUIRE or not all(
             _is_count(o) for o in offsets
@@ -206,7 +212,7 @@ def _decode_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
             isinstance(i, list) and len(i) == 4 and all(_is_count(v) for v in i) for i in items
         ):
             raise CommandError("field 'items' must be a list of [offset, expires_ms, due_ms, "
-                               "duplicate]")
+                               "mark]")
         return {"from": _int(obj, "from", 0, 1 << 62), "to": _int(obj, "to", 0, 1 << 62),
                 "items": items}
     if op == "schedule":
@@ -227,6 +233,15 @@ def _decode_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
         return {"sub": obj["sub"], "from": _int(obj, "from", 0, 1 << 62),
                 "max": _int(obj, "max", 1, MAX_ACQUIRE), "hw": _int(obj, "hw", 0, 1 << 62)}
     return {}
+
+
+def _name(obj: dict[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 200:
+        raise CommandError(f"field {key!r} must be an entity name")
+    return value
 
 
 def _is_count(value: Any) -> bool:

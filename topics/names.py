@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable
 
 DEAD_LETTER_SUFFIX = "/$deadletterqueue"
+TRANSFER_DEAD_LETTER_SUFFIX = "/$Transfer/$deadletterqueue"
 _ENTITY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,199}$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9\-]{0,49}$")
 

@@ -114,6 +114,7 @@ class ServiceBusAdministrationClient:
             runtime.deferred_message_count += stats["deferred"]
             runtime.locked_message_count += stats["locked"]
             runtime.scheduled_message_count += stats.get("scheduled", 0)
+            runtime.transfer_dead_letter_message_count += stats.get("transfer_dead_letter", 0)
         return runtime
 
     def _engine(self) -> EngineLink:

@@ -1,0 +1,139 @@
+"""Auto-forwarding: copies a queue's messages (or its dead letters) to the
+queue named by ``forward_to`` (or ``forward_dead_lettered_messages_to``).
+
+A copy keeps the record's key, body and headers and counts its hops in
+``transfer-hop-count``. A message that has already made ``MAX_HOPS`` hops, or
+whose target does not exist, is not copied: the caller moves it to the
+transfer dead-letter sub-queue. Copies are acknowledged by Kafka before the
+source is marked forwarded; a crash between the two can forward a message
+twice, so a target that must not see duplicates turns duplicate detection on.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from streams.acceptance import FORWARDED, MAX_HOPS, TARGET_MISSING, TOO_MANY_HOPS
+from topics import names
+from topics.connection import ConnectionSettings
+from topics.offsets import take
+
+HOPS_HEADER = "transfer-hop-count"
+_TARGETS_TTL = 5.0
+
+
+class Forwarder:
+    """Used from the scanner's thread only."""
+
+    def __init__(self, settings: ConnectionSettings) -> None:
+        self._settings = settings
+        self._producer = Producer({**settings.kafka_config(), "acks": "all",
+                                   "enable.idempotence": True, "linger.ms": 2})
+        self._admin = AdminClient(settings.kafka_config())
+        self._reader: Consumer | None = None
+        self._topics: set[str] = set()
+        self._topics_at = 0.0
+
+    def forward(self, records: list[Message], target: str) -> list[list[int]]:
+        """Copy ``records`` to ``target``; an accept item per record."""
+        topic = names.entity_log(self._settings.namespace, target)
+        if not self._exists(topic):
+            return [[r.offset(), 0, 0, TARGET_MISSING] for r in records]
+        items = []
+        for record in records:
+            hops = _hops(record)
+            if hops >= MAX_HOPS:
+                items.append([record.offset(), 0, 0, TOO_MANY_HOPS])
+                continue
+            self._copy(record, topic, hops + 1)
+            items.append([record.offset(), 0, 0, FORWARDED])
+        self._flush(topic)
+        return items
+
+    def forward_dead_letters(self, log_topic: str, partition: int, offsets: list[int],
+                             dead_letters: dict[int, tuple[str | None, str | None]],
+                             target: str) -> list[int]:
+        """Copy dead letters (read by offset) to ``target`` with their reason and
+        description as application properties, as Service Bus does; return
+        the offsets copied."""
+        topic = names.entity_log(self._settings.namespace, target)
+        if not offsets or not self._exists(topic):
+            return []
+        copied = []
+        for record in self._read(log_topic, partition, offsets):
+            reason, description = dead_letters[record.offset()]
+            self._copy(record, topic, _hops(record) + 1, extra_properties={
+                "DeadLetterReason": reason, "DeadLetterErrorDescription": description})
+            copied.append(record.offset())
+        self._flush(topic)
+        return copied
+
+    def _copy(self, record: Message, topic: str, hops: int,
+              extra_properties: dict[str, str | None] | None = None) -> None:
+        headers = [(k, v) for k, v in record.headers() or [] if k != HOPS_HEADER]
+        if extra_properties:
+            headers = _with_properties(headers, extra_properties)
+        headers.append((HOPS_HEADER, str(hops).encode()))
+        self._producer.produce(topic, record.value(), key=record.key(), headers=headers)
+        self._producer.poll(0)
+
+    def _flush(self, topic: str) -> None:
+        if self._producer.flush(30) != 0:
+            raise RuntimeError(f"forwarded copies to {topic} were not acknowledged in 30 s")
+
+    def _exists(self, topic: str) -> bool:
+        """Known topics are cached for a while; an unknown one is always looked up."""
+        if topic not in self._topics or time.monotonic() - self._topics_at > _TARGETS_TTL:
+            self._topics = set(self._admin.list_topics(timeout=10).topics)
+            self._topics_at = time.monotonic()
+        return topic in self._topics
+
+    def _read(self, topic: str, partition: int, offsets: list[int]) -> list[Message]:
+        if self._reader is None:
+            self._reader = Consumer(
+                self._settings.consumer_config(f"forwarder-{uuid.uuid4().hex[:8]}"))
+        found: list[Message] = []
+        for offset in sorted(offsets):
+            self._reader.assign([TopicPartition(topic, partition, offset)])
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                got = [r for r in take(self._reader, 1, 0.1) if r.error() is None]
+                if got:
+                    if got[0].offset() == offset:
+                        found.append(got[0])
+                    break
+        return found
+
+    def close(self) -> None:
+        self._producer.flush(10)
+        if self._reader is not None:
+            self._reader.close()
+
+
+def _hops(record: Message) -> int:
+    for name, value in record.headers() or []:
+        if name == HOPS_HEADER and value and value.isdigit():
+            return int(value)
+    return 0
+
+
+def _with_properties(headers: list[tuple[str, bytes | None]],
+                     extra: dict[str, str | None]) -> list[tuple[str, bytes | None]]:
+    props: dict[str, object] = {}
+    rest = []
+    for name, value in headers:
+        if name == "application-properties":
+            try:
+                loaded = json.loads(value or b"{}")
+                props = loaded if isinstance(loaded, dict) else {}
+            except ValueError:
+                props = {}
+        else:
+            rest.append((name, value))
+    props.update({k: v for k, v in extra.items() if v is not None})
+    return [*rest, ("application-properties", json.dumps(props).encode())]
