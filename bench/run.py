@@ -605,6 +605,8 @@ def render(machine: dict[str, Any], args: argparse.Namespace, phases: dict[str, 
     raw_e2e = derived["raw_end_to_end_rate"]
     row("  end to end: send + receive + complete_messages", fmt_rate(e2e) + " /s",
         f"{fmt_rate(raw_e2e)} /s prod+cons", f"{e2e / raw_e2e:.0%}" if raw_e2e else "", {})
+    plain = phases["peek_lock_batch"]
+    thr("peek_lock_lifecycle", plain.rate, "plain peek-lock")
     thr("peek_lock_batch_threads", raw_c, "consume")
     thr("peek_lock_threads", raw_c, "consume")
     pt = phases["peek_lock_threads"]
@@ -692,6 +694,11 @@ def main(argv: list[str] | None = None) -> int:
         queues = ["warmup", "peek", "batchthreads", "threads", "rad", "latency"]
         for q in queues:
             admin.create_queue(q, lock_duration=LOCK_SECONDS, max_delivery_count=10)
+        # The same workload with duplicate detection and a time to live: the
+        # engine reads these headers before it hands messages out.
+        admin.create_queue("lifecycle", lock_duration=LOCK_SECONDS, max_delivery_count=10,
+                           requires_duplicate_detection=True,
+                           default_message_time_to_live=3600)
         with ServiceBusClient.from_connection_string(conn) as client:
             ready = wait_for_engine(client, "warmup", worker.proc)
             step(f"engine ready after {ready:.1f}s")
@@ -720,6 +727,15 @@ def main(argv: list[str] | None = None) -> int:
             step(f"peek-lock receive({args.batch}) + complete_messages")
             phases["peek_lock_batch"] = settle_in_batches(
                 client, "peek", [m.message_id for m in msgs], args.batch, meter)
+
+            step(f"peek-lock receive({args.batch}) + complete_messages, duplicate detection "
+                 "and TTL on")
+            msgs = make_messages("l", n, size)
+            send(client, "lifecycle", msgs, args.send_chunk)
+            phases["peek_lock_lifecycle"] = settle_in_batches(
+                client, "lifecycle", [m.message_id for m in msgs], args.batch, meter)
+            phases["peek_lock_lifecycle"].key = "peek_lock_lifecycle"
+            phases["peek_lock_lifecycle"].label = "  the same, duplicate detection + TTL on"
 
             step(f"peek-lock, {args.batch_threads} threads x receive({args.batch}) "
                  "+ complete_messages")

@@ -69,13 +69,17 @@ class LogScanner:
     def _scan(self, window: InflightWindow) -> Command | None:
         assert window.scanned is not None
         key = f"{window.entity}#{window.partition}"
+        start = window.scanned
         sent = self._sent.get(key)
-        if sent is not None and sent[0] > window.scanned and time.monotonic() - sent[1] < 5:
-            return None  # the previous accept is still on its way to the agent
+        if sent is not None and sent[0] > start and time.monotonic() - sent[1] < 5:
+            # Accepts of a window reach the agent in order, so scanning goes on
+            # from where the last one (not applied yet) ends; one that got lost
+            # is noticed after 5 s and the window's own position is used again.
+            start = sent[0]
         tp = (names.entity_log(self._settings.namespace, window.entity), window.partition)
         if window.duplicate_window_ms and key not in self._seen:
             self._rebuild_history(key, tp, window)
-        records = self._read(tp, window.scanned)
+        records = self._read(tp, start)
         if not records:
             return None
         now = int(time.time() * 1000)
@@ -92,7 +96,7 @@ class LogScanner:
         end = records[-1].offset() + 1
         self._sent[key] = (end, time.monotonic())
         return Command(f"accept-{uuid.uuid4().hex}", "accept", window.entity, window.partition,
-                       None, None, {"from": window.scanned, "to": end, "items": items})
+                       None, None, {"from": start, "to": end, "items": items})
 
     def _forward_dead_letters(self, window: InflightWindow) -> Command | None:
         if not window.forward_dead_letters_to:

@@ -1,4 +1,5 @@
-"""Drives the log scanner: every tick, scanned windows get their next accept.
+"""Drives the log scanner: scanned windows get their next accept as soon as
+their logs grow.
 
 Faust tables are written only by agents, so the accept travels as a command
 to the window's partition like every other change.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from streams.app import app, commands_topic, settings, timer_interval, windows
+from streams.app import app, commands_topic, settings, windows
 from streams.log_scanner import LogScanner
 from streams.window import InflightWindow
 from topics import specs
@@ -17,16 +18,21 @@ from topics.commands import command_partition, encode_command
 _scanner = LogScanner(settings)
 
 
-@app.timer(interval=timer_interval)
+@app.task
 async def scan_queue_logs() -> None:
-    for key, raw in list(windows.items()):
-        if not raw or not InflightWindow.is_scanned(raw):
-            continue
-        window = InflightWindow.from_bytes(raw)
-        for cmd in await asyncio.to_thread(_scanner.scan, window):
-            await commands_topic.send(
-                key=key, value=encode_command(cmd),
-                partition=command_partition(key.decode(), specs.ENGINE_PARTITIONS))
+    """Scan continuously: right away while there is work, every 50 ms otherwise."""
+    while True:
+        busy = False
+        for key, raw in list(windows.items()):
+            if not raw or not InflightWindow.is_scanned(raw):
+                continue
+            window = InflightWindow.from_bytes(raw)
+            for cmd in await asyncio.to_thread(_scanner.scan, window):
+                busy = True
+                await commands_topic.send(
+                    key=key, value=encode_command(cmd),
+                    partition=command_partition(key.decode(), specs.ENGINE_PARTITIONS))
+        await asyncio.sleep(0.005 if busy else 0.05)
 
 
 @app.on_rebalance_complete.connect

@@ -100,3 +100,20 @@ def test_delete_queue_removes_log_definition_and_window(
     send(client, queue, 1)
     [message] = client.get_queue_receiver(queue).receive_messages(5, max_wait_time=10)
     assert message.message_id == "m0" and message.delivery_count == 1
+
+
+def test_size_in_bytes_counts_the_records_still_in_the_queue(
+        client: ServiceBusClient, admin: ServiceBusAdministrationClient,
+        make_queue: Callable[..., str]) -> None:
+    queue = make_queue(lock_duration=30)
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage(b"x" * 1000, message_id=f"m{i}")
+                              for i in range(4)])
+    first = admin.get_queue_runtime_properties(queue).size_in_bytes
+    assert 4 * 1000 < first < 4 * 1100  # bodies plus keys and headers
+    receiver = client.get_queue_receiver(queue)
+    batch = receiver.receive_messages(2, max_wait_time=10)
+    receiver.complete_messages(batch)
+    left = admin.get_queue_runtime_properties(queue).size_in_bytes
+    assert left == first - sum(1000 + 2 * len(m.message_id) + len("message-id")
+                               for m in batch)

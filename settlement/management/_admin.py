@@ -24,6 +24,7 @@ from settlement.exceptions import (
     ServiceBusConnectionError,
     ServiceBusError,
 )
+from settlement.management._queue_size import queue_size_in_bytes
 from topics import names, specs
 from topics.connection import ConnectionSettings, parse_connection_string
 from topics.offsets import log_end_offsets
@@ -115,6 +116,9 @@ class ServiceBusAdministrationClient:
             runtime.locked_message_count += stats["locked"]
             runtime.scheduled_message_count += stats.get("scheduled", 0)
             runtime.transfer_dead_letter_message_count += stats.get("transfer_dead_letter", 0)
+        log_ends = {p: ends[(topic, p)] for p in range(props.partition_count)}
+        runtime.size_in_bytes = queue_size_in_bytes(self._settings, link, props, log_ends,
+                                                    runtime.total_message_count)
         return runtime
 
     def _engine(self) -> EngineLink:
