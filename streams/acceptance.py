@@ -96,6 +96,8 @@ def _describe(reason: str, window: InflightWindow) -> str:
 def expire_due(window: InflightWindow, now: int, events: list[Event]) -> None:
     """Expire every message whose time to live has passed and that nobody
     holds a lock on (a locked message expires when its lock ends)."""
+    if not window.expiries or min(window.expiries.values()) > now:
+        return
     for offset, expires in sorted(window.expiries.items()):
         if expires > now:
             continue

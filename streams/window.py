@@ -428,6 +428,9 @@ class InflightWindow:
             if slot is not None and slot[0] != COMPLETED:
                 break
             self.slots.pop(self.start, None)
+            parked = self.parked.get(self.start)
+            if parked is None or parked[0] != SCHEDULED:  # settled, deferred or dead:
+                self.expiries.pop(self.start, None)      # it can no longer expire
             self.start += 1
 
     # -------------------------------------------------------------------- peek
