@@ -8,6 +8,7 @@ to the window's partition like every other change.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from streams.app import app, commands_topic, settings, windows
 from streams.log_scanner import LogScanner
@@ -20,14 +21,21 @@ _scanner = LogScanner(settings)
 
 @app.task
 async def scan_queue_logs() -> None:
-    """Scan continuously: right away while there is work, every 50 ms otherwise."""
+    """Scan continuously: right away while there is work, every 50 ms otherwise.
+    Which windows are scanned is looked up in the whole table once a second."""
+    scanned: list[bytes] = []
+    listed_at = 0.0
     while True:
+        if time.monotonic() - listed_at > 1.0:
+            scanned = [key for key, raw in list(windows.items())
+                       if raw and InflightWindow.is_scanned(raw)]
+            listed_at = time.monotonic()
         busy = False
-        for key, raw in list(windows.items()):
-            if not raw or not InflightWindow.is_scanned(raw):
+        for key in scanned:
+            raw = windows.get(key)
+            if not raw:
                 continue
-            window = InflightWindow.from_bytes(raw)
-            for cmd in await asyncio.to_thread(_scanner.scan, window):
+            for cmd in await asyncio.to_thread(_scanner.scan, InflightWindow.from_bytes(raw)):
                 busy = True
                 await commands_topic.send(
                     key=key, value=encode_command(cmd),
