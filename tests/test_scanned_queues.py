@@ -44,23 +44,31 @@ def test_second_send_of_a_message_id_is_acknowledged_but_never_delivered(
     assert props.active_message_count == 0
 
 
-def test_duplicate_history_survives_an_engine_restart(broker: EmbeddedBroker,
-                                                      tmp_path: Path) -> None:
+def test_duplicate_history_and_scheduled_messages_survive_an_engine_crash(
+        broker: EmbeddedBroker, tmp_path: Path) -> None:
     conn = broker.connection_string(f"dup{uuid.uuid4().hex[:6]}")
     engine = EngineProcess(conn, tmp_path).start()
     try:
         with ServiceBusAdministrationClient.from_connection_string(conn) as admin, \
                 ServiceBusClient.from_connection_string(conn) as client:
             admin.create_queue("orders", requires_duplicate_detection=True, lock_duration=5)
+            admin.create_queue("reminders", lock_duration=5)
+            due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=25)
             with client.get_queue_sender("orders") as sender:
                 sender.send_messages(ServiceBusMessage("first", message_id="order-1"))
+            with client.get_queue_sender("reminders") as sender:
+                sender.schedule_messages(ServiceBusMessage("ping", message_id="ping"), due)
             assert drain_ids(client, "orders") == ["order-1"]
             engine.kill()
             engine.start()
+            assert admin.get_queue_runtime_properties("reminders").scheduled_message_count == 1
             with client.get_queue_sender("orders") as sender:
                 sender.send_messages([ServiceBusMessage("retry", message_id="order-1"),
                                       ServiceBusMessage("next", message_id="order-2")])
             assert drain_ids(client, "orders", wait=3) == ["order-2"]
+            receiver = client.get_queue_receiver("reminders")
+            [ping] = receiver.receive_messages(1, max_wait_time=40)
+            assert ping.message_id == "ping" and dt.datetime.now(dt.UTC) >= due
     finally:
         engine.stop()
 
