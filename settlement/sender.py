@@ -138,6 +138,7 @@ class ServiceBusSender:
         done = threading.Event()
         errors: list[KafkaError] = []
         placed: list[tuple[int, int]] = [(0, 0)] * len(records)
+        stamps: list[int] = [0] * len(records)
         remaining = [len(records)]
         lock = threading.Lock()
 
@@ -149,6 +150,7 @@ class ServiceBusSender:
                         errors.append(err)
                     else:
                         placed[index] = (msg.partition(), msg.offset())
+                        stamps[index] = msg.timestamp()[1]
                     remaining[0] -= 1
                     if remaining[0] == 0:
                         done.set()
@@ -161,23 +163,27 @@ class ServiceBusSender:
             self._producer.poll(0.05)
         if errors:
             raise _send_error(self.entity_name, errors[0])
-        self._announce_scheduled(messages, placed)
+        self._announce(messages, placed, stamps)
         return placed
 
-    def _announce_scheduled(self, messages: list[ServiceBusMessage],
-                            placed: list[tuple[int, int]]) -> None:
-        """Tell the engine which sent messages are not due yet, so they are
-        hidden and counted at once (a receiver would also hold them back)."""
+    def _announce(self, messages: list[ServiceBusMessage], placed: list[tuple[int, int]],
+                  stamps: list[int]) -> None:
+        """Tell the engine which sent messages are not due yet (hidden and
+        counted at once) and when messages with a time to live expire (the
+        engine expires them on its own timer). Plain messages cost nothing."""
         now = dt.datetime.now(dt.UTC)
         by_partition: dict[int, list[list[int]]] = {}
-        for m, (partition, offset) in zip(messages, placed, strict=True):
+        for m, (partition, offset), stamp in zip(messages, placed, stamps, strict=True):
             due = m.scheduled_enqueue_time_utc
-            if due is not None and _wire.as_utc(due) > now:
-                by_partition.setdefault(partition, []).append([offset, _wire.epoch_ms(due)])
+            due_ms = _wire.epoch_ms(due) if due is not None and _wire.as_utc(due) > now else 0
+            ttl = m.time_to_live
+            expires_ms = stamp + int(ttl.total_seconds() * 1000) if ttl else 0
+            if due_ms or expires_ms:
+                by_partition.setdefault(partition, []).append([offset, due_ms, expires_ms])
         if not by_partition:
             return
         link, policy = self._engine(), self._registry.get(self.entity_name).policy()
-        link.call_many([link.command("schedule", self.entity_name, p, policy, items=items)
+        link.call_many([link.command("announce", self.entity_name, p, policy, items=items)
                         for p, items in sorted(by_partition.items())])
 
     def _produce(self, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]],

@@ -152,8 +152,8 @@ class InflightWindow:
         elif cmd.op == "peek":
             self.see_log_end(cmd.args["hw"], events)
             result = self._peek(cmd.args["sub"], cmd.args["from"], cmd.args["max"])
-        elif cmd.op == "schedule":
-            result = scheduling.schedule(self, cmd.args["items"], events)
+        elif cmd.op == "announce":
+            result = self._announce(cmd.args["items"], events)
         elif cmd.op == "cancel":
             result = scheduling.cancel(self, cmd.args["offsets"], events)
         elif cmd.op == "accept":
@@ -163,13 +163,26 @@ class InflightWindow:
             result = acceptance.dead_forwarded(self, cmd.args["offsets"], events)
         else:  # expire: the lapse above is all it asks for
             result = {}
-        if cmd.op in ("acquire", "acquire_deferred", "settle", "schedule", "cancel"):
+        if cmd.op in ("acquire", "acquire_deferred", "settle", "announce", "cancel"):
             self._remember(cmd.id, result)
         self._advance_start()
         for ev in events:
             self.totals[ev.type] = self.totals.get(ev.type, 0) + ev.count
         return Outcome(result, events,
                        changed=adopted or bool(events) or cmd.op not in ("stats", "peek"))
+
+    def _announce(self, items: list[list[int]], events: list[Event]) -> dict[str, Any]:
+        """What a sender says of messages it sent: when they are due, when they
+        expire (so the timer expires them even with no receiver)."""
+        self.see_log_end(max(item[0] for item in items) + 1, events)  # the sender saw them
+        for offset, _due, expires in items:
+            if expires:
+                self.expiries[offset] = expires
+        scheduled = [[offset, due] for offset, due, _ in items if due]
+        if not scheduled:
+            return {"results": [["ok", 0] for _ in items]}
+        answers = iter(scheduling.schedule(self, scheduled, events)["results"])
+        return {"results": [next(answers) if due else ["ok", 0] for _, due, _ in items]}
 
     def _adopt(self, policy: Policy) -> bool:
         """Take the queue's policy from a command; True when it changed the window."""

@@ -6,31 +6,12 @@ stream with no client command involved.
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
-
 from settlement import ServiceBusClient, ServiceBusMessage
-from topics import names, specs
-
-
-def read_all(client: ServiceBusClient, topic: str, key: bytes, wait_for: Callable[[list], bool],
-             timeout: float = 15.0) -> list[dict[str, Any]]:
-    consumer = Consumer(client.settings.consumer_config(f"read-{topic}"))
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(specs.ENGINE_PARTITIONS)])
-    records: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline and not wait_for(records):
-            for record in consumer.consume(500, timeout=0.2):
-                if not record.error() and record.key() == key:
-                    records.append(json.loads(record.value()))
-    finally:
-        consumer.close()
-    return records
+from tests.watch import read_all
+from topics import names
 
 
 def test_timer_lapses_locks_and_the_event_stream_says_so(

@@ -17,6 +17,7 @@ from settlement import (
 )
 from settlement.exceptions import MessageNotFoundError
 from settlement.management import ServiceBusAdministrationClient
+from tests.watch import last_state
 from topics import names
 
 
@@ -119,3 +120,17 @@ def test_a_record_scheduled_by_another_producer_is_held_back_by_the_receiver(
     [message] = receiver.receive_messages(1, max_wait_time=10)
     assert message.message_id == "foreign" and message.delivery_count == 1
     assert time.time() * 1000 >= due_ms
+
+
+def test_engine_expires_a_sent_message_on_its_timer_with_no_receiver(
+        client: ServiceBusClient, admin: ServiceBusAdministrationClient,
+        make_queue: Callable[..., str]) -> None:
+    queue = make_queue(dead_lettering_on_message_expiration=True)
+    with client.get_queue_sender(queue) as sender:  # the sender tells the engine its expiry
+        sender.send_messages([ServiceBusMessage("brief", message_id="brief",
+                                                time_to_live=dt.timedelta(seconds=1)),
+                              ServiceBusMessage("stays", message_id="stays")])
+    last = last_state(client, queue, lambda state: state["dead_letter"] == 1)
+    assert last.get("dead_letter") == 1, last
+    props = admin.get_queue_runtime_properties(queue)  # it reads the true log end
+    assert (props.active_message_count, props.dead_letter_message_count) == (1, 1)

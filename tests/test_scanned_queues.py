@@ -4,19 +4,15 @@ the engine's own timer with no receiver around."""
 from __future__ import annotations
 
 import datetime as dt
-import json
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-
-from confluent_kafka import Consumer, TopicPartition
 
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from settlement.embedded import EmbeddedBroker
 from settlement.management import ServiceBusAdministrationClient
 from streams.process import EngineProcess
-from topics import names, specs
+from tests.watch import last_state
 
 
 def drain_ids(client: ServiceBusClient, queue: str, wait: float = 2.0) -> list[str]:
@@ -81,16 +77,7 @@ def test_engine_expires_messages_on_its_own_timer_without_a_receiver(
                               ServiceBusMessage("y", message_id="y",
                                                 time_to_live=dt.timedelta(hours=1))])
     # No receiver and no admin call from here on: only the engine acts.
-    consumer = Consumer(client.settings.consumer_config("expiry-watch"))
-    consumer.assign([TopicPartition(names.state(client.settings.namespace), p, 0)
-                     for p in range(specs.ENGINE_PARTITIONS)])
-    last: dict[str, object] = {}
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and last.get("dead_letter") != 2:
-        for record in consumer.consume(200, timeout=0.2):
-            if not record.error() and record.key() == f"{queue}#0".encode():
-                last = json.loads(record.value())
-    consumer.close()
+    last = last_state(client, queue, lambda state: state["dead_letter"] == 2)
     assert last.get("dead_letter") == 2 and last.get("active") == 0, last
     dlq = client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
     reasons = {m.message_id: m.dead_letter_reason for m in dlq.peek_messages(10)}

@@ -137,7 +137,7 @@ def test_expire_without_policy_keeps_the_queue_policy() -> None:
 
 def test_scheduled_offsets_stay_hidden_until_due_then_are_granted() -> None:
     win = InflightWindow("q", 0)
-    result = win.apply(cmd("schedule", items=[[1, 5000], [2, 9000]]), 0).result
+    result = win.apply(cmd("announce", items=[[1, 5000, 0], [2, 9000, 0]]), 0).result
     assert result["results"] == [["ok", 5000], ["ok", 9000]]
     assert [g[0] for g in acquire(win, 0, hw=4)] == [0, 3]
     assert win.stats()["scheduled"] == 2 and win.stats()["active"] == 2
@@ -149,7 +149,7 @@ def test_scheduled_offsets_stay_hidden_until_due_then_are_granted() -> None:
 
 def test_cancelled_scheduled_offsets_are_never_granted() -> None:
     win = InflightWindow("q", 0)
-    win.apply(cmd("schedule", items=[[0, 5000], [1, 5000]]), 0)
+    win.apply(cmd("announce", items=[[0, 5000, 0], [1, 5000, 0]]), 0)
     assert win.apply(cmd("cancel", offsets=[0, 7]), 0).result["results"] == [
         ["ok", 0], ["invalid", 0]]
     granted = [g[0] for g in acquire(win, 6000, hw=3)]
@@ -176,3 +176,13 @@ def test_expired_message_is_dropped_or_dead_lettered_by_policy() -> None:
     assert win.apply(dlq_on_expiry, 0).result["results"] == [["ok", 0]]
     dead = acquire(win, 0, sub="deadletter")
     assert dead[0][0] == 1 and dead[0][4] == "TTLExpiredException"
+
+
+def test_announced_expiry_is_applied_by_the_timer_without_a_receiver() -> None:
+    win = InflightWindow("q", 0)
+    win.apply(cmd("announce", items=[[0, 0, 3000], [1, 0, 0]]), 0)
+    win.see_log_end(2, [])
+    assert win.wake_at() == 3000
+    win.apply(Command("tick", "expire", "q", 0), 3000)  # what the lock timer sends
+    assert win.totals.get("expired") == 1 and win.stats()["active"] == 1
+    assert [g[0] for g in acquire(win, 3000, hw=2)] == [1]

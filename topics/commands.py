@@ -25,7 +25,8 @@ Operations and their own fields:
 ``expire``            (from the engine's timer) lapse the locks that ended
 ``stats``             ``hw``: counts of the window
 ``peek``              ``sub``, ``from`` (offset), ``max``, ``hw``: browse without locking
-``schedule``          ``items``: ``[[offset, due_ms]]``: keep sent messages invisible until due
+``announce``          ``items``: ``[[offset, due_ms, expires_ms]]`` (0: none), from a sender:
+                      keep messages invisible until due, expire them on time
 ``cancel``            ``offsets``: cancel scheduled messages
 ``accept``            (from the engine's log scanner) ``from``, ``to``, ``items``:
                       ``[[offset, expires_ms, due_ms, mark]]`` for the offsets of
@@ -49,7 +50,7 @@ from typing import Any
 
 VERSION = 1
 OPERATIONS = frozenset({"acquire", "acquire_deferred", "settle", "expire", "stats", "peek",
-                        "schedule", "cancel", "accept", "dead_forwarded", "drop"})
+                        "announce", "cancel", "accept", "dead_forwarded", "drop"})
 ACTIONS = frozenset({"complete", "abandon", "dead_letter", "defer", "renew", "schedule",
                      "expire"})
 SUB_QUEUES = frozenset({"active", "deadletter", "transferdeadletter"})
@@ -215,13 +216,13 @@ def _decode_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
                                "mark]")
         return {"from": _int(obj, "from", 0, 1 << 62), "to": _int(obj, "to", 0, 1 << 62),
                 "items": items}
-    if op == "schedule":
+    if op == "announce":
         items = obj.get("items")
         if not isinstance(items, list) or not items or len(items) > MAX_ACQUIRE or not all(
-            isinstance(i, list) and len(i) == 2 and _is_count(i[0]) and _is_count(i[1])
-            for i in items
+            isinstance(i, list) and len(i) == 3 and all(_is_count(v) for v in i) for i in items
         ):
-            raise CommandError("field 'items' must be a non-empty list of [offset, due_ms]")
+            raise CommandError("field 'items' must be a non-empty list of "
+                               "[offset, due_ms, expires_ms]")
         return {"items": items}
     if op == "settle":
         return {"items": _decode_items(obj.get("items"))}

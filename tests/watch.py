@@ -1,0 +1,37 @@
+"""Reading what the engine emits (events and window states), for tests."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from settlement import ServiceBusClient
+from topics import names, specs
+
+
+def read_all(client: ServiceBusClient, topic: str, key: bytes, wait_for: Callable[[list], bool],
+             timeout: float = 15.0) -> list[dict[str, Any]]:
+    consumer = Consumer(client.settings.consumer_config(f"read-{topic}"))
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(specs.ENGINE_PARTITIONS)])
+    records: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and not wait_for(records):
+            for record in consumer.consume(500, timeout=0.2):
+                if not record.error() and record.key() == key:
+                    records.append(json.loads(record.value()))
+    finally:
+        consumer.close()
+    return records
+
+
+def last_state(client: ServiceBusClient, queue: str, until: Callable[[dict[str, Any]], bool],
+               timeout: float = 15.0) -> dict[str, Any]:
+    """The latest state record of ``queue#0`` once ``until`` holds for it (or at the timeout)."""
+    states = read_all(client, names.state(client.settings.namespace), f"{queue}#0".encode(),
+                      lambda found: bool(found) and until(found[-1]), timeout)
+    return states[-1] if states else {}
