@@ -34,6 +34,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -334,6 +335,18 @@ def settle_in_batches(client: ServiceBusClient, queue: str, ids: list[str], batc
                         "mean_batch": round(sum(received.values()) / max(rounds, 1), 1)})
 
 
+def batches(receiver: Any, batch: int, stop: threading.Event) -> Iterator[list[Any]]:
+    """Received batches until ``stop`` is set or nothing came for IDLE_S seconds."""
+    idle_since = time.monotonic()
+    while not stop.is_set():
+        msgs = receiver.receive_messages(batch, max_wait_time=0.5)
+        if msgs:
+            idle_since = time.monotonic()
+            yield msgs
+        elif time.monotonic() - idle_since > IDLE_S:
+            return
+
+
 def settle_batches_threads(client: ServiceBusClient, queue: str, ids: list[str],
                            threads: int, batch: int, meter: CpuMeter) -> Phase:
     """Several threads, each with its own receiver, each doing
@@ -347,15 +360,8 @@ def settle_batches_threads(client: ServiceBusClient, queue: str, ids: list[str],
     errors: list[BaseException] = []
 
     def work(receiver: Any, timer: Timed) -> None:
-        idle_since = time.monotonic()
         try:
-            while not done.is_set():
-                msgs = receiver.receive_messages(batch, max_wait_time=0.5)
-                if not msgs:
-                    if time.monotonic() - idle_since > IDLE_S:
-                        return
-                    continue
-                idle_since = time.monotonic()
+            for msgs in batches(receiver, batch, done):
                 results = receiver.complete_messages(msgs)
                 with lock:
                     received.update(m.message_id for m in msgs)
@@ -419,15 +425,8 @@ def settle_per_message_threads(client: ServiceBusClient, queue: str, ids: list[s
             stop.set()
 
     def work(receiver: Any, timer: Timed) -> None:
-        idle_since = time.monotonic()
         try:
-            while not stop.is_set():
-                msgs = receiver.receive_messages(batch, max_wait_time=0.5)
-                if not msgs:
-                    if time.monotonic() - idle_since > IDLE_S:
-                        return
-                    continue
-                idle_since = time.monotonic()
+            for msgs in batches(receiver, batch, stop):
                 with lock:
                     received.update(m.message_id for m in msgs)
                 for m in msgs:  # finish what this thread holds, even after the clock

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from settlement import ServiceBusClient, ServiceBusMessage
-from tests.watch import read_all
+from tests.helpers import read_all
 from topics import names
 
 

@@ -17,21 +17,12 @@ from settlement import (
 )
 from settlement.exceptions import MessageNotFoundError
 from settlement.management import ServiceBusAdministrationClient
-from tests.watch import last_state
+from tests.helpers import drain_ids, last_state
 from topics import names
 
 
 def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def drain_ids(client: ServiceBusClient, queue: str, wait: float = 2.0) -> list[str]:
-    receiver = client.get_queue_receiver(queue)
-    ids: list[str] = []
-    while batch := receiver.receive_messages(50, max_wait_time=wait):
-        ids += [m.message_id for m in batch]
-        receiver.complete_messages(batch)
-    return ids
 
 
 def test_expired_message_is_never_delivered_and_dropped_with_an_event(

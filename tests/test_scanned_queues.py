@@ -12,17 +12,7 @@ from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from settlement.embedded import EmbeddedBroker
 from settlement.management import ServiceBusAdministrationClient
 from streams.process import EngineProcess
-from tests.watch import last_state
-
-
-def drain_ids(client: ServiceBusClient, queue: str, wait: float = 2.0) -> list[str]:
-    receiver = client.get_queue_receiver(queue)
-    ids: list[str] = []
-    while batch := receiver.receive_messages(50, max_wait_time=wait):
-        ids += [m.message_id for m in batch]
-        receiver.complete_messages(batch)
-    receiver.close()
-    return ids
+from tests.helpers import drain_ids, last_state
 
 
 def test_second_send_of_a_message_id_is_acknowledged_but_never_delivered(

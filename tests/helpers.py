@@ -1,4 +1,4 @@
-"""Reading what the engine emits (events and window states), for tests."""
+"""Test helpers: draining a queue, reading what the engine emits."""
 
 from __future__ import annotations
 
@@ -35,3 +35,14 @@ def last_state(client: ServiceBusClient, queue: str, until: Callable[[dict[str, 
     states = read_all(client, names.state(client.settings.namespace), f"{queue}#0".encode(),
                       lambda found: bool(found) and until(found[-1]), timeout)
     return states[-1] if states else {}
+
+
+def drain_ids(client: ServiceBusClient, queue: str, wait: float = 2.0) -> list[str]:
+    """Receive and complete until nothing comes for ``wait`` s; the ids, in order."""
+    receiver = client.get_queue_receiver(queue)
+    ids: list[str] = []
+    while batch := receiver.receive_messages(50, max_wait_time=wait):
+        ids += [m.message_id for m in batch]
+        receiver.complete_messages(batch)
+    receiver.close()
+    return ids
