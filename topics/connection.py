@@ -12,8 +12,10 @@ changes the string. Optional keys:
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from topics.names import validate_namespace
 
@@ -24,6 +26,7 @@ _SECURITY_KEYS = {
     "saslpassword": "sasl.password",
     "sslcalocation": "ssl.ca.location",
 }
+_LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
 _HOSTPORT = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
 
 
@@ -40,9 +43,12 @@ class ConnectionSettings:
     fetch_max_wait_ms: int = 500
     security: dict[str, str] = field(default_factory=dict)
 
-    def kafka_config(self) -> dict[str, str]:
-        """librdkafka settings every client of this namespace starts from."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.security}
+    def kafka_config(self) -> dict[str, Any]:
+        """librdkafka settings every client of this namespace starts from. Its
+        own log lines go through :mod:`logging` (logger ``librdkafka``), not
+        straight to stderr."""
+        return {"bootstrap.servers": self.bootstrap_servers, "logger": _LIBRDKAFKA_LOG,
+                **self.security}
 
     def consumer_config(self, group_id: str) -> dict[str, object]:
         """A consumer that is only ever assigned partitions and never commits."""

@@ -1,0 +1,176 @@
+"""A Kafka streaming source for Spark written on PySpark's Python Data Source
+API, over confluent-kafka: used where Spark's own ``kafka`` connector jar is
+not on the classpath (the embedded broker here; it cannot be downloaded).
+
+Offsets are kept per topic and partition in the checkpoint (``{"topic":
+{"0": next_offset}}``), so a restarted query reads on from where it stopped,
+neither losing nor repeating records. ``maxOffsetsPerTrigger`` caps a
+micro-batch (admission control, Spark 4.2+); ``Trigger.AvailableNow`` reads
+what is there and stops. Log ends come from fetch responses
+(:mod:`topics.offsets`), since some brokers answer ListOffsets low.
+
+Options: ``kafka.bootstrap.servers``, ``subscribe`` (comma-separated topics),
+``startingOffsets`` (``earliest`` | ``latest``), ``maxOffsetsPerTrigger``,
+``fetchMaxWaitMs``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from topics.offsets import log_end_offsets, take
+
+SCHEMA = ("key binary, value binary, headers array<struct<key: string, value: binary>>, "
+          "topic string, partition int, offset long, timestamp timestamp")
+Offsets = dict[str, dict[str, int]]
+
+
+class KafkaSource(DataSource):
+    """``spark.readStream.format("settlement_kafka")``"""
+
+    @classmethod
+    def name(cls) -> str:
+        return "settlement_kafka"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        # Spark hands options over case-insensitively (lower-cased keys).
+        return KafkaStreamReader({k.lower(): v for k, v in self.options.items()})
+
+
+class TopicRange(InputPartition):
+    """The records of one topic partition between two offsets."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict[str, str]) -> None:
+        self._options = options
+        self._bootstrap = options["kafka.bootstrap.servers"]
+        self._topics = [t.strip() for t in options["subscribe"].split(",") if t.strip()]
+        self._starting = options.get("startingoffsets", "earliest")
+        if self._starting not in ("earliest", "latest"):
+            raise ValueError(f"startingOffsets must be earliest or latest, got {self._starting!r}")
+        cap = options.get("maxoffsetspertrigger")
+        self._max_per_trigger = int(cap) if cap else None
+        self._target: Offsets | None = None  # Trigger.AvailableNow: read up to here
+
+    def _consumer(self) -> Consumer:
+        return Consumer({
+            "bootstrap.servers": self._bootstrap, "group.id": f"spark-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False, "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": int(self._options.get("fetchmaxwaitms", "100")),
+        })
+
+    def _ends(self) -> Offsets:
+        consumer = self._consumer()
+        try:
+            metadata = consumer.list_topics(timeout=10).topics
+            parts = [(t, p) for t in self._topics if t in metadata
+                     for p in metadata[t].partitions]
+            ends = log_end_offsets(consumer, parts) if parts else {}
+        finally:
+            consumer.close()
+        out: Offsets = {t: {} for t in self._topics}
+        for (topic, partition), end in ends.items():
+            out[topic][str(partition)] = end
+        return out
+
+    def initialOffset(self) -> Offsets:
+        ends = self._ends()
+        if self._starting == "latest":
+            return ends
+        return {t: {p: 0 for p in parts} for t, parts in ends.items()}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self._max_per_trigger:
+            return ReadMaxRows(self._max_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """What is there now is all this query reads, in capped micro-batches."""
+        self._target = self._ends()
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        ends = self._target if self._target is not None else self._ends()
+        # Partitions that appeared since the start are read from their beginning.
+        begin = {t: {p: start.get(t, {}).get(p, 0) for p in parts} for t, parts in ends.items()}
+        if isinstance(limit, ReadMaxRows):
+            return _cap(begin, ends, limit.max_rows)
+        if self._target is not None and self._max_per_trigger:
+            return _cap(begin, ends, self._max_per_trigger)
+        return ends
+
+    def partitions(self, start: Offsets, end: Offsets) -> list[InputPartition]:
+        ranges: list[InputPartition] = []
+        for topic, parts in end.items():
+            for partition, stop in parts.items():
+                first = start.get(topic, {}).get(partition, 0)
+                if stop > first:
+                    ranges.append(TopicRange(topic, int(partition), first, stop))
+        return ranges
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, TopicRange)
+        consumer = self._consumer()
+        try:
+            consumer.assign([TopicPartition(partition.topic, partition.partition,
+                                            partition.start)])
+            position = partition.start
+            while position < partition.end:
+                for record in take(consumer, 1000, 1.0):
+                    if record.error() is not None or record.offset() >= partition.end:
+                        continue
+                    position = record.offset() + 1
+                    yield _row(record)
+        finally:
+            consumer.close()
+
+    def commit(self, end: Offsets) -> None:
+        """Kafka keeps the data; the checkpoint keeps the offsets."""
+
+
+def _cap(begin: Offsets, ends: Offsets, max_rows: int) -> Offsets:
+    """At most ``max_rows`` records in all, shared fairly among partitions."""
+    pending = [(t, p, begin[t][p], ends[t][p]) for t in ends for p in ends[t]
+               if ends[t][p] > begin[t][p]]
+    out = {t: dict(parts) for t, parts in begin.items()}
+    budget = max_rows
+    while pending and budget > 0:
+        share = max(1, budget // len(pending))
+        still = []
+        for topic, partition, first, last in pending:
+            take_n = min(share, last - first, budget)
+            out[topic][partition] = first + take_n
+            budget -= take_n
+            if first + take_n < last:
+                still.append((topic, partition, first + take_n, last))
+            if budget == 0:
+                break
+        pending = still
+    return out
+
+
+def _row(record: Any) -> tuple[Any, ...]:
+    kind, millis = record.timestamp()
+    stamp = dt.datetime.fromtimestamp(millis / 1000, tz=dt.UTC) if kind else None
+    return (record.key(), record.value(), [(k, v) for k, v in record.headers() or []],
+            record.topic(), record.partition(), record.offset(), stamp)

@@ -1,0 +1,29 @@
+"""The SparkSession of the settlement jobs: local mode here, ``spark-submit``
+on a cluster. PySpark needs Java 17; a missing ``java`` is a clear error."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from pyspark.sql import SparkSession
+
+from spark.kafka_source import KafkaSource
+
+
+def spark_session(app_name: str = "settlement", master: str = "local[2]") -> SparkSession:
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        raise RuntimeError("Java 17 is required by PySpark: install openjdk-17-jre-headless "
+                           "(or set JAVA_HOME)")
+    # Spark's Python workers must run this interpreter, which has this project.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    spark = (SparkSession.builder.master(master).appName(app_name)
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.session.timeZone", "UTC")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("WARN")
+    spark.dataSource.register(KafkaSource)
+    return spark
