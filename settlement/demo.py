@@ -417,12 +417,14 @@ def run(workdir: Path) -> int:
         except RuntimeError as exc:
             raise DemoFailure(str(exc)) from None
         log.info("engine worker ready (log %s)", engine.log_path)
-        with engine:
+        try:
             code = drive(conn)
             # Free the clients' librdkafka handles (some sit in reference cycles)
             # while the broker is up, so they disconnect quietly.
             gc.collect()
-            return code
+        finally:
+            engine.stop()
+        return code
 
 
 def drive(conn: str) -> int:

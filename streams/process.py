@@ -87,7 +87,10 @@ class EngineProcess:
             self.proc.wait()
 
     def __enter__(self) -> EngineProcess:
-        return self.start()
+        """Starts the worker unless it is running already."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
