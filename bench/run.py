@@ -335,6 +335,38 @@ def settle_in_batches(client: ServiceBusClient, queue: str, ids: list[str], batc
                         "mean_batch": round(sum(received.values()) / max(rounds, 1), 1)})
 
 
+def spark_source_read(bootstrap: str, n: int, size: int, meter: CpuMeter) -> Phase:
+    """Records/s the Spark Kafka source (spark.source.read_kafka_stream) reads
+    with Trigger.AvailableNow from a fresh 2-partition topic; the SparkSession
+    is started before the clock."""
+    from spark.session import spark_session
+    from spark.source import kafka_connector_available, read_kafka_stream
+
+    topic = f"bench-spark-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # keep it alive for the result
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(15)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    payload = b"x" * size
+    for i in range(n):
+        producer.produce(topic, payload, key=str(i).encode())
+        producer.poll(0)
+    producer.flush(60)
+    spark = spark_session("settlement-bench")
+    counted: list[int] = []
+    with tempfile.TemporaryDirectory() as checkpoint, Timed(meter) as t:
+        frame = read_kafka_stream(spark, bootstrap, [topic], fetch_max_wait_ms=10)
+        query = (frame.writeStream
+                 .foreachBatch(lambda batch, _id: counted.append(batch.count()))
+                 .option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(600)
+    source = "Spark's kafka connector" if kafka_connector_available(spark) else "Python source"
+    spark.stop()
+    return Phase("spark_source", f"Spark read, {source} (AvailableNow)", sum(counted),
+                 t.seconds, cpu=t.cpu, check={"ok": sum(counted) == n, "expected": n,
+                                             "read": sum(counted)})
+
+
 def batches(receiver: Any, batch: int, stop: threading.Event) -> Iterator[list[Any]]:
     """Received batches until ``stop`` is set or nothing came for IDLE_S seconds."""
     idle_since = time.monotonic()
@@ -613,6 +645,8 @@ def render(machine: dict[str, Any], args: argparse.Namespace, phases: dict[str, 
         lines.append(f"  (clock stopped by the {pt.extra['budget_s']:.0f}s budget after "
                      f"{pt.messages:,} settled; the rest was drained untimed and checked)")
     thr("receive_and_delete", raw_c, "consume")
+    if "spark_source" in phases:
+        thr("spark_source", raw_c, "consume")
     lat, raw_lat = phases["settle_latency"], phases["raw_ack_latency"]
     row(f"{lat.label} p50 (n={lat.messages})", f"{lat.extra['p50_ms']:.2f} ms",
         f"{raw_lat.extra['p50_ms']:.2f} ms produce->ack", "", lat.cpu)
@@ -657,6 +691,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="single complete_message calls timed (default 300)")
     p.add_argument("--output", type=Path, default=None,
                    help="where to write the JSON results (default bench/results/latest.json)")
+    p.add_argument("--no-spark", action="store_true",
+                   help="skip the Spark source phase (it starts a SparkSession, ~15 s)")
     p.add_argument("--keep-logs", action="store_true",
                    help="keep the broker and worker logs and the engine's data dir")
     return p.parse_args(argv)
@@ -756,6 +792,10 @@ def main(argv: list[str] | None = None) -> int:
             send(client, "rad", msgs, args.send_chunk)
             phases["receive_and_delete"] = receive_and_delete(
                 client, "rad", [m.message_id for m in msgs], args.batch, meter)
+
+            if not args.no_spark:
+                step("Spark source read (starting a SparkSession)")
+                phases["spark_source"] = spark_source_read(broker.bootstrap, n, size, meter)
 
             step(f"latency of {args.latency_samples} single complete_message calls")
             msgs = make_messages("l", args.latency_samples, size)
