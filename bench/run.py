@@ -186,6 +186,24 @@ def check_exactly_once(expected: list[str], received: Counter[str], settled: Cou
     return check
 
 
+def final_check(receivers: list[Any], ids: list[str], received: Counter[str],
+                settled: Counter[str], failures: int | list[str], batch: int) -> dict[str, Any]:
+    """After a phase: nothing may be left in the queue, and every message must
+    have been settled exactly once. Closes the receivers (an open receiver
+    keeps fetching and loads the broker)."""
+    leftover = receivers[0].receive_messages(batch, max_wait_time=0.5)
+    for receiver in receivers:
+        receiver.close()
+    received.update(m.message_id for m in leftover)
+    failed = failures if isinstance(failures, int) else len(failures)
+    check = check_exactly_once(ids, received, settled, failed)
+    check["left_in_queue"] = len(leftover)
+    check["ok"] = check["ok"] and not leftover
+    if isinstance(failures, list) and failures:
+        check["failure_sample"] = failures[:3]
+    return check
+
+
 def percentile(samples: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100)."""
     ordered = sorted(samples)
@@ -323,12 +341,7 @@ def settle_in_batches(client: ServiceBusClient, queue: str, ids: list[str], batc
                     settled[result.message.message_id] += 1
                 else:
                     failures += 1
-    leftover = receiver.receive_messages(batch, max_wait_time=0.5)
-    receiver.close()  # an open receiver keeps fetching and loads the broker
-    received.update(m.message_id for m in leftover)
-    check = check_exactly_once(ids, received, settled, failures)
-    check["left_in_queue"] = len(leftover)
-    check["ok"] = check["ok"] and not leftover
+    check = final_check([receiver], ids, received, settled, failures, batch)
     return Phase("peek_lock_batch", f"peek-lock receive({batch}) + complete_messages(batch)",
                  len(ids), t.seconds, cpu=t.cpu, check=check,
                  extra={"receive_rounds": rounds,
@@ -417,15 +430,7 @@ def settle_batches_threads(client: ServiceBusClient, queue: str, ids: list[str],
             w.join()
     if errors:
         raise errors[0]
-    leftover = receivers[0].receive_messages(batch, max_wait_time=0.5)
-    for r in receivers:
-        r.close()
-    received.update(m.message_id for m in leftover)
-    check = check_exactly_once(ids, received, settled, len(failures))
-    check["left_in_queue"] = len(leftover)
-    check["ok"] = check["ok"] and not leftover
-    if failures:
-        check["failure_sample"] = failures[:3]
+    check = final_check(receivers, ids, received, settled, failures, batch)
     return Phase("peek_lock_batch_threads",
                  f"peek-lock, {threads} threads x receive({batch}) + complete_messages",
                  sum(settled.values()), t.seconds, cpu=t.cpu, check=check)
@@ -507,15 +512,7 @@ def settle_per_message_threads(client: ServiceBusClient, queue: str, ids: list[s
                 else:
                     failures.append(f"{result.message.message_id}: {result.error}")
         drain.close()
-    leftover = receivers[0].receive_messages(500, max_wait_time=0.5)
-    for r in receivers:
-        r.close()
-    received.update(m.message_id for m in leftover)
-    check = check_exactly_once(ids, received, settled, len(failures))
-    check["left_in_queue"] = len(leftover)
-    check["ok"] = check["ok"] and not leftover
-    if failures:
-        check["failure_sample"] = failures[:3]
+    check = final_check(receivers, ids, received, settled, failures, 500)
     return Phase("peek_lock_threads",
                  f"peek-lock, {threads} threads x complete_message (receive({batch}))",
                  timed, t.seconds, cpu=t.cpu, check=check,

@@ -17,9 +17,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from settlement.exceptions import ServiceBusCommunicationError
 from topics.connection import ConnectionSettings
-from topics.offsets import take
+from topics.offsets import OFFSET_UNKNOWN, take
 
-_UNKNOWN = -1001
 _AHEAD_LIMIT = 10_000
 
 
@@ -35,20 +34,20 @@ class PartitionReader:
         self._position = max(0, lower - 1)
         self._consumer.assign([TopicPartition(topic, partition, self._position)])
         self._ahead: dict[int, Message] = {}
-        self._hw = _UNKNOWN
+        self._hw = OFFSET_UNKNOWN
 
     def high_watermark(self, timeout: float = 5.0) -> int:
         """The log end seen in the latest fetch response (waits for the first)."""
         deadline = time.monotonic() + timeout
         while True:
             self._refresh_hw()
-            if self._hw != _UNKNOWN or time.monotonic() > deadline:
+            if self._hw != OFFSET_UNKNOWN or time.monotonic() > deadline:
                 return max(self._hw, 0)
             self._take(take(self._consumer, 500, 0.02))
 
     def _refresh_hw(self) -> None:
         high = self._consumer.get_watermark_offsets(self._tp, cached=True)[1]
-        if high != _UNKNOWN:
+        if high != OFFSET_UNKNOWN:
             self._hw = max(self._hw, high)
 
     def read(self, offsets: list[int], timeout: float = 10.0) -> dict[int, Message | None]:

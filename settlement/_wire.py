@@ -23,10 +23,10 @@ import datetime as dt
 import json
 from typing import Any
 
+from settlement._sequence import sequence_number
 from settlement.exceptions import MessageSizeExceededError
 from settlement.message import ServiceBusMessage, ServiceBusMessageState, ServiceBusReceivedMessage
 
-OFFSET_BITS = 40
 MAX_HEADERS_BYTES = 64 * 1024       # all headers and application properties together
 MAX_PROPERTY_BYTES = 32 * 1024      # one application property
 MALFORMED = "MalformedMessage"
@@ -44,16 +44,6 @@ class MalformedRecord(ValueError):
     def __init__(self, message: str, reason: str = MALFORMED) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-def sequence_number(partition: int, offset: int) -> int:
-    return (partition << OFFSET_BITS) | offset
-
-
-def split_sequence_number(seq: int) -> tuple[int, int]:
-    if not isinstance(seq, int) or seq < 0:
-        raise ValueError(f"sequence number must be a non-negative integer, got {seq!r}")
-    return seq >> OFFSET_BITS, seq & ((1 << OFFSET_BITS) - 1)
 
 
 def as_utc(value: dt.datetime) -> dt.datetime:
@@ -118,7 +108,7 @@ def record_size(message: ServiceBusMessage) -> int:
     return len(key or b"") + len(value) + sum(len(k) + len(v) for k, v in headers)
 
 
-def _utc(ms: int | None) -> dt.datetime | None:
+def utc_from_ms(ms: int | None) -> dt.datetime | None:
     return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
 
 
@@ -142,7 +132,7 @@ def decode(value: bytes | None, headers: list[tuple[str, bytes | None]] | None,
                 raise
             malformed = malformed or str(exc)
     common = {"sequence_number": sequence_number(partition, offset),
-              "enqueued_time_utc": _utc(timestamp_ms), **delivery}
+              "enqueued_time_utc": utc_from_ms(timestamp_ms), **delivery}
     try:
         return ServiceBusReceivedMessage(value or b"", **fields, malformed_reason=malformed,
                                          **common)
@@ -173,7 +163,7 @@ def _decode_header(name: str, raw: bytes | None) -> dict[str, Any]:
         raise MalformedRecord(f"header {name!r} must be a decimal integer, got {text[:40]!r}")
     if name == "time-to-live-ms":
         return {"time_to_live": dt.timedelta(milliseconds=int(text))}
-    return {"scheduled_enqueue_time_utc": _utc(int(text))}
+    return {"scheduled_enqueue_time_utc": utc_from_ms(int(text))}
 
 
 STATES = {"active": ServiceBusMessageState.ACTIVE, "deadletter": ServiceBusMessageState.ACTIVE,

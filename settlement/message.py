@@ -7,6 +7,8 @@ import enum
 import json
 from typing import Any
 
+from settlement._sequence import split_sequence_number
+
 MAX_ID_LENGTH = 128
 PropertyValue = str | int | float | bool | None
 
@@ -99,11 +101,11 @@ class ServiceBusReceivedMessage(ServiceBusMessage):
 
     @property
     def partition(self) -> int:
-        return self.sequence_number >> 40
+        return split_sequence_number(self.sequence_number)[0]
 
     @property
     def offset(self) -> int:
-        return self.sequence_number & ((1 << 40) - 1)
+        return split_sequence_number(self.sequence_number)[1]
 
     def __repr__(self) -> str:
         return (f"ServiceBusReceivedMessage(sequence_number={self.sequence_number}, "

@@ -22,6 +22,7 @@ from settlement import _wire
 from settlement._engine_link import EngineLink
 from settlement._log_reader import PartitionReader
 from settlement._properties import QueueProperties
+from settlement._sequence import split_sequence_number
 from settlement._settle_batcher import SettleBatcher
 from settlement.exceptions import (
     InvalidOperationError,
@@ -60,10 +61,6 @@ class SettlementResult:
     @property
     def succeeded(self) -> bool:
         return self.error is None
-
-
-def _utc(ms: int) -> dt.datetime:
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
 
 
 class ServiceBusReceiver:
@@ -147,7 +144,7 @@ class ServiceBusReceiver:
                 continue
             delivery = {
                 "lock_token": token, "delivery_count": count,
-                "locked_until_utc": _utc(until) if token else None,
+                "locked_until_utc": _wire.utc_from_ms(until) if token else None,
                 "dead_letter_reason": reason, "dead_letter_error_description": description,
                 "dead_letter_source": source, "state": _wire.STATES[state],
             }
@@ -196,7 +193,7 @@ class ServiceBusReceiver:
         where the previous peek stopped); each carries its ``state``."""
         self._check_open()
         if sequence_number is not None:
-            self._peek_from = _wire.split_sequence_number(sequence_number)
+            self._peek_from = split_sequence_number(sequence_number)
         partition, offset = self._peek_from
         out: list[ServiceBusReceivedMessage] = []
         while partition < self._props.partition_count and len(out) < max_message_count:
@@ -223,7 +220,7 @@ class ServiceBusReceiver:
         seqs = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
         by_partition: dict[int, list[int]] = {}
         for seq in seqs:
-            partition, offset = _wire.split_sequence_number(seq)
+            partition, offset = split_sequence_number(seq)
             if partition >= self._props.partition_count:
                 raise ValueError(f"sequence number {seq} is not one of queue "
                                  f"{self._props.name!r}")
@@ -317,7 +314,7 @@ class ServiceBusReceiver:
                       until: int) -> ServiceBusError | None:
         if status == "ok":
             if action == "renew":
-                message.locked_until_utc = _utc(until)
+                message.locked_until_utc = _wire.utc_from_ms(until)
             else:
                 message._settled = True
             return None

@@ -12,6 +12,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from settlement import _wire
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
+from settlement._sequence import sequence_number, split_sequence_number
 from settlement.batch import ServiceBusMessageBatch
 from settlement.exceptions import (
     MessageNotFoundError,
@@ -91,7 +92,7 @@ class ServiceBusSender:
         batch = [messages] if isinstance(messages, ServiceBusMessage) else list(messages)
         for m in batch:
             m.scheduled_enqueue_time_utc = schedule_time_utc
-        return [_wire.sequence_number(p, o) for p, o in self._send(batch)]
+        return [sequence_number(p, o) for p, o in self._send(batch)]
 
     def cancel_scheduled_messages(self, sequence_numbers: int | Iterable[int],
                                   **_: Any) -> None:
@@ -99,13 +100,13 @@ class ServiceBusSender:
         seqs = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
         by_partition: dict[int, list[int]] = {}
         for seq in seqs:
-            partition, offset = _wire.split_sequence_number(seq)
+            partition, offset = split_sequence_number(seq)
             by_partition.setdefault(partition, []).append(offset)
         link, policy = self._engine(), self._registry.get(self.entity_name).policy()
         replies = link.call_many([link.command("cancel", self.entity_name, p, policy,
                                                offsets=offsets)
                                   for p, offsets in sorted(by_partition.items())])
-        missing = [_wire.sequence_number(p, o)
+        missing = [sequence_number(p, o)
                    for (p, offsets), reply in zip(sorted(by_partition.items()), replies,
                                                   strict=True)
                    for o, (status, _) in zip(offsets, reply.result.get("results", []),

@@ -30,7 +30,6 @@ from topics.connection import ConnectionSettings
 from topics.offsets import take
 
 log = logging.getLogger(__name__)
-_UNKNOWN = -1001
 MAX_RECORDS = 5000
 
 

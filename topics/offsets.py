@@ -16,7 +16,8 @@ import time
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
-_UNKNOWN = -1001  # librdkafka's OFFSET_INVALID in cached watermarks
+#: librdkafka's OFFSET_INVALID: no fetch response has given a watermark yet.
+OFFSET_UNKNOWN = -1001
 
 
 def take(consumer: Consumer, max_records: int, timeout: float) -> list[Message]:
@@ -51,7 +52,7 @@ def log_end_offsets(consumer: Consumer, partitions: list[tuple[str, int]],
             take(consumer, 500, 0.02)
             for tp in partitions:
                 high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[1]
-                if high != _UNKNOWN and high >= lower[tp]:
+                if high != OFFSET_UNKNOWN and high >= lower[tp]:
                     ends[tp] = high
     finally:
         consumer.unassign()
