@@ -289,7 +289,8 @@ class ServiceBusReceiver:
         for partition, group in sorted(by_partition.items()):
             reply = self._batcher.settle(
                 self._props.name, partition, self._policy,
-                [[m.offset, m.lock_token, action, reason, description] for m in group])
+                [[m.offset, m.lock_token, action, reason, description, None, _enqueued_ms(m)]
+                 for m in group])
             _raise_for(reply, self.entity_path)
             for message, (status, until) in zip(group, reply.result["results"], strict=True):
                 results[id(message)] = SettlementResult(
@@ -370,6 +371,12 @@ def _withhold(message: ServiceBusReceivedMessage, token: str | None, now: dt.dat
     if due is not None and _wire.as_utc(due) > now:
         return [offset, token, "schedule", None, None, _wire.epoch_ms(due)]
     return None
+
+
+def _enqueued_ms(message: ServiceBusReceivedMessage) -> int | None:
+    """The log timestamp the engine reports with a settlement (end-to-end latency)."""
+    stamp = message.enqueued_time_utc
+    return max(0, _wire.epoch_ms(stamp)) if stamp is not None else None
 
 
 def _raise_for(reply: Reply, entity_path: str) -> None:

@@ -80,7 +80,7 @@ async def _handle(event: EventT) -> None:
         stored = window.to_bytes()
         windows[key] = stored
         _parsed[key] = (stored, window)
-        await _publish(window, outcome.events)
+        await _publish(window, outcome.events, cmd.id)
     _reply_ok(cmd, outcome.result)
 
 
@@ -100,14 +100,18 @@ def _load(key: bytes, cmd: Command) -> InflightWindow | None:
         return None
 
 
-async def _publish(window: InflightWindow, events: list[Event]) -> None:
-    """Settlement events (one record per kind) and the window's new summary."""
+async def _publish(window: InflightWindow, events: list[Event], command_id: str) -> None:
+    """Settlement events (one record per kind) and the window's new summary.
+
+    Each event names the command that caused it: a command processed again
+    after a crash (before its state was flushed) publishes its events again,
+    and readers drop those repeats by (cmd, type, entity, partition)."""
     now = int(time.time() * 1000)
     key = f"{window.entity}#{window.partition}".encode()
     for ev in events:
         record: dict[str, Any] = {"type": ev.type, "entity": window.entity,
                                   "partition": window.partition, "offsets": ev.offsets,
-                                  "count": ev.count, "ts": now, **ev.extra}
+                                  "count": ev.count, "ts": now, "cmd": command_id, **ev.extra}
         await events_topic.send(key=key, value=json.dumps(record).encode())
     await state_topic.send(key=key, value=json.dumps({**window.summary(), "ts": now}).encode())
 

@@ -12,6 +12,12 @@ entity partition it keeps
   time and so live outside the ``start``..``next`` run, each
   ``[state, delivery_count, lock_batch, locked_until_ms, reason, description, source]``.
 
+A renewed lock appends when it was taken (``locked_at_ms``) to its entry;
+otherwise that is ``locked_until_ms - lock_ms``, so the common case stores
+nothing more. Settlement events carry, per offset, how long the lock was held,
+the delivery count and the enqueue time the receiver read from the log: what
+the Spark monitor needs for lock-time percentiles and end-to-end latency.
+
 Every operation is deterministic given the command and ``now``, and a command
 id seen before returns its first answer, so the engine can re-process
 commands after a crash (Kafka delivers them at least once) without granting or
@@ -50,6 +56,11 @@ from streams.states import (
 from topics.commands import Command, Policy, batch_id, lock_token, parse_lock_token
 
 _RECENT = 64        # command ids remembered per window for idempotent replays
+_SLOT_FIELDS = 4    # a slot's fields before an optional locked_at_ms
+_PARKED_FIELDS = 7  # a parked entry's fields before an optional locked_at_ms
+#: settle actions -> the event they produce
+_SETTLED = {"complete": "completed", "abandon": "abandoned", "defer": "deferred",
+            "renewed": "renewed", "scheduled": "scheduled"}
 
 
 class InflightWindow:
@@ -285,7 +296,7 @@ class InflightWindow:
     def _grant(self, offset: int, entry: list[Any]) -> list[Any]:
         state = {DEAD_LOCKED: "deadletter", TRANSFER_DEAD_LOCKED: "transferdeadletter",
                  DEFERRED_LOCKED: "deferred"}.get(entry[0], "active")
-        extra = entry[4:7] if len(entry) > 4 else [None, None, None]
+        extra = entry[4:7] if len(entry) >= _PARKED_FIELDS else [None, None, None]
         return [offset, lock_token(entry[2], offset), entry[3], entry[1], *extra, state]
 
     def _acquire(self, cmd: Command, now: int, events: list[Event]) -> dict[str, Any]:
@@ -298,6 +309,7 @@ class InflightWindow:
             for o in picked:
                 entry = self.parked[o]
                 entry[0], entry[1], entry[2], entry[3] = locked, entry[1] + 1, batch, until
+                del entry[_PARKED_FIELDS:]
             if picked:
                 events.append(Event("locked", picked, {"sub": cmd.args["sub"], "until": until}))
             return {"grants": [self._grant(o, self.parked[o]) for o in picked], "next": self.next}
@@ -317,6 +329,7 @@ class InflightWindow:
         for o in picked:
             slot = self.slots[o]
             slot[0], slot[1], slot[2], slot[3] = LOCKED, slot[1] + 1, batch, until
+            del slot[_SLOT_FIELDS:]
         if picked:
             events.append(Event("locked", picked, {"until": until}))
         return {"grants": [self._grant(o, self.slots[o]) for o in picked], "next": self.next}
@@ -353,6 +366,7 @@ class InflightWindow:
         for o in picked:
             entry = self.parked[o]
             entry[0], entry[1], entry[2], entry[3] = DEFERRED_LOCKED, entry[1] + 1, batch, until
+            del entry[_PARKED_FIELDS:]
         if picked:
             events.append(Event("locked", picked, {"sub": "deferred", "until": until}))
         return {"grants": [self._grant(o, self.parked[o]) for o in picked], "next": self.next}
@@ -371,8 +385,10 @@ class InflightWindow:
     def _settle(self, cmd: Command, now: int, events: list[Event]) -> dict[str, Any]:
         """Settle each item; answer each with ok, lock_lost or invalid."""
         done: dict[str, list[int]] = {}
+        details: dict[int, list[Any]] = {}  # offset -> [held_ms, deliveries, enqueued_ms]
         statuses: list[list[Any]] = []
-        for offset, token, action, reason, description, at in cmd.args["items"]:
+        first_event = len(events)
+        for offset, token, action, reason, description, at, enqueued in cmd.args["items"]:
             entry = self._held(offset, token)
             if entry is None:
                 statuses.append(["lock_lost", 0])
@@ -382,10 +398,11 @@ class InflightWindow:
                 statuses.append(["invalid", 0])
                 continue
             if action == "renew":
-                entry[3] = now + self.lock_ms
+                self._renew(entry, now)
                 statuses.append(["ok", entry[3]])
                 done.setdefault("renewed", []).append(offset)
                 continue
+            details[offset] = [now - self._locked_at(entry), entry[1], enqueued]
             if action == "schedule":
                 scheduling.park(self, offset, entry, at)
                 action = "scheduled"
@@ -395,10 +412,25 @@ class InflightWindow:
                 self._apply_action(offset, entry, action, reason, description, events)
             statuses.append(["ok", 0])
             done.setdefault(action, []).append(offset)
-        kinds = {"complete": "completed", "abandon": "abandoned", "defer": "deferred",
-                 "renewed": "renewed", "scheduled": "scheduled"}
-        events.extend(Event(kinds[k], v) for k, v in done.items() if k in kinds)
+        events.extend(Event(_SETTLED[k], v) for k, v in done.items() if k in _SETTLED)
+        for ev in events[first_event:]:
+            if ev.offsets and all(o in details for o in ev.offsets):
+                held, deliveries, enqueued_at = zip(*(details[o] for o in ev.offsets),
+                                                    strict=True)
+                ev.extra.update(held=list(held), deliveries=list(deliveries),
+                                enqueued=list(enqueued_at))
         return {"results": statuses}
+
+    def _locked_at(self, entry: list[Any]) -> int:
+        fields = _SLOT_FIELDS if len(entry) < _PARKED_FIELDS else _PARKED_FIELDS
+        return int(entry[fields]) if len(entry) > fields else int(entry[3]) - self.lock_ms
+
+    def _renew(self, entry: list[Any], now: int) -> None:
+        """Extend a lock, keeping when it was taken (for the lock-time metrics)."""
+        fields = _SLOT_FIELDS if len(entry) < _PARKED_FIELDS else _PARKED_FIELDS
+        if len(entry) == fields:
+            entry.append(self._locked_at(entry))
+        entry[3] = now + self.lock_ms
 
     def _apply_action(self, offset: int, entry: list[Any], action: str, reason: str | None,
                       description: str | None, events: list[Event]) -> None:

@@ -24,7 +24,7 @@ def acquire(win: InflightWindow, now: int, n: int = 10, hw: int = 0, sub: str = 
 
 def settle(win: InflightWindow, now: int, grants: list[list], action: str,
            reason: str | None = None) -> list[str]:
-    items = [[g[0], g[1], action, reason, "why", None] for g in grants]
+    items = [[g[0], g[1], action, reason, "why", None, None] for g in grants]
     return [r[0] for r in win.apply(cmd("settle", items=items), now).result["results"]]
 
 
@@ -96,9 +96,30 @@ def test_defer_parks_message_until_fetched_by_offset() -> None:
 def test_renew_extends_the_lock() -> None:
     win = InflightWindow("q", 0)
     grants = acquire(win, 0, n=1, hw=1)
-    result = win.apply(cmd("settle", items=[[0, grants[0][1], "renew", None, None, None]]), 900)
-    assert result.result["results"] == [["ok", 1900]]
+    renew = [[0, grants[0][1], "renew", None, None, None, None]]
+    assert win.apply(cmd("settle", items=renew), 900).result["results"] == [["ok", 1900]]
     assert settle(win, 1500, grants, "complete") == ["ok"]
+
+
+def test_settlement_events_carry_lock_time_deliveries_and_enqueue_time() -> None:
+    """What the Spark monitor aggregates: a renewal keeps the original lock time."""
+    win = InflightWindow("q", 0)
+    first = acquire(win, 100, n=2, hw=3)
+    settle(win, 200, first[1:], "abandon")
+    again = acquire(win, 300, n=2)
+    assert [g[0] for g in again] == [1, 2]
+    renew = [[1, again[0][1], "renew", None, None, None, None]]
+    win.apply(cmd("settle", items=renew), 900)
+    items = [[0, first[0][1], "complete", None, None, None, 50],
+             [1, again[0][1], "complete", None, None, None, 60],
+             [2, again[1][1], "dead_letter", "bad", "why", None, 70]]
+    events = {e.type: e for e in win.apply(cmd("settle", items=items), 1000).events}
+    assert events["completed"].offsets == [0, 1]
+    assert events["completed"].extra["held"] == [900, 700]
+    assert events["completed"].extra["deliveries"] == [1, 2]
+    assert events["completed"].extra["enqueued"] == [50, 60]
+    assert events["dead_lettered"].extra["held"] == [700]
+    assert events["dead_lettered"].extra["reason"] == "bad"
 
 
 def test_repeated_command_id_returns_the_first_answer() -> None:
@@ -106,7 +127,7 @@ def test_repeated_command_id_returns_the_first_answer() -> None:
     first = acquire(win, 0, n=2, hw=4, cmd_id="same")
     again = acquire(win, 10, n=2, hw=4, cmd_id="same")
     assert again == first
-    items = [[g[0], g[1], "complete", None, None, None] for g in first]
+    items = [[g[0], g[1], "complete", None, None, None, None] for g in first]
     settle_cmd = cmd("settle", "settle-1", items=items)
     assert win.apply(settle_cmd, 20).result == win.apply(settle_cmd, 30).result
     assert win.stats()["active"] == 2
@@ -159,7 +180,7 @@ def test_cancelled_scheduled_offsets_are_never_granted() -> None:
 def test_receiver_parks_a_message_it_met_before_due() -> None:
     win = InflightWindow("q", 0)
     grants = acquire(win, 0, n=1, hw=1)
-    items = [[0, grants[0][1], "schedule", None, None, 4000]]
+    items = [[0, grants[0][1], "schedule", None, None, 4000, None]]
     assert win.apply(cmd("settle", items=items), 10).result["results"] == [["ok", 0]]
     assert acquire(win, 100, hw=1) == [] and win.stats()["scheduled"] == 1
     [again] = acquire(win, 4000, hw=1)
@@ -171,7 +192,7 @@ def test_expired_message_is_dropped_or_dead_lettered_by_policy() -> None:
     grants = acquire(win, 0, n=2, hw=2)
     assert settle(win, 0, grants[:1], "expire") == ["ok"]
     assert win.totals["expired"] == 1 and win.stats()["active"] == 1
-    items = [[grants[1][0], grants[1][1], "expire", None, None, None]]
+    items = [[grants[1][0], grants[1][1], "expire", None, None, None, None]]
     dlq_on_expiry = Command("x", "settle", "q", 0, None, Policy(1000, 3, True), {"items": items})
     assert win.apply(dlq_on_expiry, 0).result["results"] == [["ok", 0]]
     dead = acquire(win, 0, sub="deadletter")

@@ -17,11 +17,12 @@ Operations and their own fields:
 ``acquire``           ``sub`` ("active"|"deadletter"), ``max``, ``mode``
                       ("peek_lock"|"receive_and_delete"), ``hw`` (log end seen)
 ``acquire_deferred``  ``offsets``
-``settle``            ``items``: ``[[offset, lock_token, action, reason, description, at_ms]]``
-                      with action one of complete, abandon, dead_letter, defer, renew,
-                      schedule (park until ``at_ms``: the receiver found the message not
-                      yet due) and expire (its time to live has passed); ``at_ms`` may
-                      be left out for the other actions
+``settle``            ``items``: ``[[offset, lock_token, action, reason, description, at_ms,
+                      enqueued_ms]]`` with action one of complete, abandon, dead_letter,
+                      defer, renew, schedule (park until ``at_ms``: the receiver found the
+                      message not yet due) and expire (its time to live has passed);
+                      ``at_ms`` may be left out for the other actions; ``enqueued_ms``
+                      (the record's log timestamp, for end-to-end latency) may be left out
 ``expire``            (from the engine's timer) lapse the locks that ended
 ``stats``             ``hw``: counts of the window
 ``peek``              ``sub``, ``from`` (offset), ``max``, ``hw``: browse without locking
@@ -254,11 +255,14 @@ def _decode_items(items: Any) -> list[list[Any]]:
         raise CommandError(f"field 'items' must be a list of 1..{MAX_ACQUIRE} settlements")
     out = []
     for item in items:
-        if not (isinstance(item, list) and len(item) in (5, 6)):
-            raise CommandError("each settlement must be "
-                               "[offset, lock_token, action, reason, description, at_ms]")
+        if not (isinstance(item, list) and len(item) in (5, 6, 7)):
+            raise CommandError("each settlement must be [offset, lock_token, action, reason, "
+                               "description, at_ms, enqueued_ms]")
         offset, token, action, reason, description = item[:5]
-        at = item[5] if len(item) == 6 else None
+        at = item[5] if len(item) >= 6 else None
+        enqueued = item[6] if len(item) == 7 else None
+        if enqueued is not None and not _is_count(enqueued):
+            raise CommandError("settlement enqueued_ms must be a non-negative integer")
         if action == "schedule" and not _is_count(at):
             raise CommandError("a 'schedule' settlement needs at_ms, the time it is due")
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
@@ -271,7 +275,7 @@ def _decode_items(items: Any) -> list[list[Any]]:
             if text is not None and (not isinstance(text, str) or len(text) > MAX_TEXT):
                 raise CommandError("dead-letter reason and description must be text of "
                                    f"at most {MAX_TEXT} characters")
-        out.append([offset, token, action, reason, description, at])
+        out.append([offset, token, action, reason, description, at, enqueued])
     return out
 
 
