@@ -36,6 +36,7 @@ from settlement.exceptions import ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
 from settlement.message import PropertyValue, ServiceBusMessage, ServiceBusReceivedMessage
 from settlement.receiver import ServiceBusReceiveMode, ServiceBusReceiver, ServiceBusSubQueue
+from spark import cli as spark_cli
 from topics.connection import ConnectionStringError
 from topics.specs import ProvisioningError
 
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_receive(commands, common)
 
     _add_dlq_commands(commands, common)
+    spark_cli.add_commands(commands, common, _connection_string)
     return parser
 
 

@@ -3,7 +3,8 @@
 Spark's official ``kafka`` format is used where its connector is on the
 classpath (real clusters); otherwise the Python source in
 :mod:`spark.kafka_source`. Both give the same columns: key, value, headers,
-topic, partition, offset, timestamp.
+topic, partition, offset, timestamp. ``read_kafka`` is the batch twin: every
+record from the start of the topics to their log ends now.
 """
 
 from __future__ import annotations
@@ -37,3 +38,13 @@ def read_kafka_stream(spark: SparkSession, bootstrap_servers: str, topics: list[
         return frame.select(*COLUMNS)
     options["fetchMaxWaitMs"] = str(fetch_max_wait_ms)
     return spark.readStream.format("settlement_kafka").options(**options).load()
+
+
+def read_kafka(spark: SparkSession, bootstrap_servers: str, topics: list[str]) -> DataFrame:
+    """A batch DataFrame of every record of ``topics`` up to their log ends."""
+    options = {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": ",".join(topics)}
+    if kafka_connector_available(spark):
+        frame = (spark.read.format("kafka").options(**options)
+                 .option("includeHeaders", "true").load())
+        return frame.select(*COLUMNS)
+    return spark.read.format("settlement_kafka").options(**options).load()

@@ -66,3 +66,13 @@ def make_queue(admin: ServiceBusAdministrationClient, queue_name: str
         return queue_name
 
     return create
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession for the whole test session (it takes seconds to start)."""
+    from spark.session import spark_session
+
+    session = spark_session("settlement-tests")
+    yield session
+    session.stop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,15 +13,6 @@ from settlement.embedded import EmbeddedBroker
 from spark.source import COLUMNS, kafka_connector_available, read_kafka_stream
 
 pyspark = pytest.importorskip("pyspark")
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
-    from spark.session import spark_session
-
-    session = spark_session("settlement-tests")
-    yield session
-    session.stop()
 
 
 def make_topic(broker: EmbeddedBroker, records: int, partitions: int = 2) -> str:

@@ -1,0 +1,177 @@
+"""The monitoring job: settlement events and window states -> windowed metrics.
+
+Reads ``NS.__events`` and the compacted ``NS.__state`` as one stream, turns
+every record into *facts* ``(metric, label, value)`` and aggregates them per
+entity in event-time windows with a watermark:
+
+=====================  ===================  ======================================
+metric                 label                value
+=====================  ===================  ======================================
+``count``              event type           messages (``enqueued`` = sends,
+                                            ``completed``, ``abandoned``,
+                                            ``lock_expired``, ``dead_lettered``,
+                                            ``deferred``, ``expired``, ``duplicate``..)
+``dead_letter_reason`` reason               dead-lettered messages
+``lock_held_ms``       settlement type      lock to settlement, per message
+``end_to_end_ms``      ``completed``        enqueue (log timestamp) to completion
+``delivery_count``     the count            1 per message completed or dead-lettered
+``gauge_<name>``       partition            active, locked, deferred, scheduled,
+                                            dead_letter, transfer_dead_letter
+=====================  ===================  ======================================
+
+Each window row has ``n`` (facts), ``total`` (sum), ``p50``/``p95``/``p99``
+and ``last`` (the latest value: gauges). Event repeats from a command the
+engine processed twice after a crash are dropped within the watermark by
+(command id, type, entity, partition). Results go to Parquet through
+:mod:`spark.metrics_store`, with the query's checkpoint next to them.
+
+Run it as ``settlement monitor`` or ``spark-submit spark/monitor.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from spark.cli import add_monitor_arguments
+from spark.metrics_store import write_batch
+from spark.records import EVENT_SCHEMA, GAUGES, STATE_SCHEMA
+from spark.source import read_kafka_stream
+from topics import names
+from topics.connection import ConnectionSettings, parse_connection_string
+
+log = logging.getLogger(__name__)
+
+FACT = "struct<metric:string,label:string,value:double>"
+_NONE = f"cast(array() as array<{FACT}>)"
+
+
+def _fact(metric: str, label: str, value: str) -> str:
+    return f"named_struct('metric', '{metric}', 'label', {label}, 'value', cast({value} as double))"
+
+
+def _per_message(array: str, metric: str, label: str, value: str, when: str = "true") -> str:
+    """One fact per element ``x`` of an event's per-message array."""
+    return (f"case when {when} and {array} is not null then transform(filter({array}, x -> x "
+            f"is not null), x -> {_fact(metric, label, value)}) else {_NONE} end")
+
+
+_EVENT_FACTS = "concat(" + ", ".join([
+    f"array({_fact('count', 'e.type', 'e.count')})",
+    "case when e.type in ('dead_lettered', 'transfer_dead_lettered') then array("
+    + _fact("dead_letter_reason", "coalesce(e.reason, '(none)')", "e.count")
+    + f") else {_NONE} end",
+    _per_message("e.held", "lock_held_ms", "e.type", "x"),
+    _per_message("e.enqueued", "end_to_end_ms", "'completed'", "e.ts - x",
+                 "e.type = 'completed'"),
+    _per_message("e.deliveries", "delivery_count", "cast(x as string)", "1",
+                 "e.type in ('completed', 'dead_lettered')"),
+]) + ")"
+_STATE_FACTS = "array(" + ", ".join(
+    _fact(f"gauge_{g}", "cast(s.partition as string)", f"s.{g}") for g in GAUGES) + ")"
+
+
+def metric_facts(records: DataFrame, settings: ConnectionSettings,
+                 watermark: str = "1 minute") -> DataFrame:
+    """``entity, event_time, fact`` rows from the raw records of both topics."""
+    events_topic = names.events(settings.namespace)
+    value = F.col("value").cast("string")
+    parsed = records.select(
+        "topic", "partition", "offset",
+        F.when(F.col("topic") == events_topic, F.from_json(value, EVENT_SCHEMA)).alias("e"),
+        F.when(F.col("topic") != events_topic, F.from_json(value, STATE_SCHEMA)).alias("s"))
+    rows = (parsed
+            .select("*",
+                    F.coalesce("e.entity", "s.entity").alias("entity"),
+                    F.timestamp_millis(F.coalesce("e.ts", "s.ts")).alias("event_time"),
+                    # an event repeated by a re-processed command has the same id
+                    F.when(F.col("e.cmd").isNotNull(),
+                           F.concat_ws("|", "e.cmd", "e.type", "e.entity", "e.partition"))
+                    .otherwise(F.concat_ws("|", "topic", "partition", "offset")).alias("uid"))
+            .where(F.col("entity").isNotNull() & F.col("event_time").isNotNull()
+                   & (F.col("e.type").isNotNull() | F.col("s.partition").isNotNull()))
+            .withWatermark("event_time", watermark)
+            .dropDuplicatesWithinWatermark(["uid"]))
+    facts = F.expr(f"case when e is not null then {_EVENT_FACTS} else {_STATE_FACTS} end")
+    return rows.select("entity", "event_time", F.explode(facts).alias("fact"))
+
+
+def aggregate(facts: DataFrame, window: str = "10 seconds") -> DataFrame:
+    """Per entity, event-time window, metric and label: counts, sums, percentiles."""
+    grouped = facts.groupBy(F.window("event_time", window).alias("w"), "entity",
+                            F.col("fact.metric").alias("metric"),
+                            F.col("fact.label").alias("label"))
+    pct = F.percentile_approx("fact.value", F.array(F.lit(0.5), F.lit(0.95), F.lit(0.99)), 1000)
+    return (grouped.agg(F.count(F.lit(1)).alias("n"), F.sum("fact.value").alias("total"),
+                        pct.alias("pct"), F.max_by("fact.value", "event_time").alias("last"))
+            .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"),
+                    "entity", "metric", "label", "n", "total",
+                    F.col("pct")[0].alias("p50"), F.col("pct")[1].alias("p95"),
+                    F.col("pct")[2].alias("p99"), "last"))
+
+
+def start_monitor(spark: SparkSession, connection_string: str, sink: str | Path, *,
+                  checkpoint: str | Path | None = None, trigger_seconds: float = 2.0,
+                  window: str = "10 seconds", watermark: str = "1 minute",
+                  available_now: bool = False,
+                  max_records_per_trigger: int | None = None) -> StreamingQuery:
+    """Start the monitoring query; ``available_now`` reads what is there and stops."""
+    settings = parse_connection_string(connection_string)
+    topics = [names.events(settings.namespace), names.state(settings.namespace)]
+    records = read_kafka_stream(spark, settings.bootstrap_servers, topics,
+                                max_offsets_per_trigger=max_records_per_trigger,
+                                fetch_max_wait_ms=min(settings.fetch_max_wait_ms, 100))
+    metrics = aggregate(metric_facts(records, settings, watermark), window)
+    checkpoint = Path(checkpoint) if checkpoint else Path(sink) / "_checkpoint"
+    writer = (metrics.writeStream.outputMode("update")
+              .foreachBatch(lambda frame, batch_id: write_batch(frame, batch_id, sink))
+              .option("checkpointLocation", checkpoint.as_uri())
+              .queryName(f"settlement-monitor-{settings.namespace}"))
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{trigger_seconds} seconds")
+    return writer.start()
+
+
+def run(connection_string: str, args: argparse.Namespace) -> int:
+    """Run the monitor until interrupted (or, with ``--available-now``, done)."""
+    from spark.session import spark_session
+
+    spark = spark_session("settlement-monitor")
+    query = start_monitor(spark, connection_string, args.sink, checkpoint=args.checkpoint,
+                          trigger_seconds=args.trigger, window=args.window,
+                          watermark=args.watermark, available_now=args.available_now)
+    log.info("monitor writing to %s", Path(args.sink).resolve())
+    print(f"monitor: writing metrics to {Path(args.sink).resolve()} (Ctrl-C stops)")
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        query.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``spark-submit spark/monitor.py --connection-string ... --sink DIR``"""
+    import os
+
+    parser = argparse.ArgumentParser(
+        prog="monitor", description="Windowed settlement metrics from the engine's topics "
+                                    "to Parquet.")
+    add_monitor_arguments(parser)
+    parser.add_argument("--connection-string",
+                        default=os.environ.get("SETTLEMENT_CONNECTION_STRING"))
+    args = parser.parse_args(argv)
+    if not args.connection_string:
+        parser.error("pass --connection-string or set SETTLEMENT_CONNECTION_STRING")
+    return run(args.connection_string, args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""The engine's records as Spark columns: settlement events (``NS.__events``)
+and window states (``NS.__state``), both JSON (see ``streams/command_agent.py``).
+
+Used by the monitor (streaming) and by the audit and replay jobs (batch).
+Records that are not JSON of the expected shape parse to nulls and are
+dropped, so garbage on a topic never stops a job.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+EVENT_SCHEMA = (
+    "type string, entity string, partition int, offsets array<long>, count long, ts long, "
+    "cmd string, reason string, description string, sub string, first long, `to` string, "
+    "held array<long>, deliveries array<long>, enqueued array<long>")
+GAUGES = ["active", "locked", "deferred", "scheduled", "dead_letter", "transfer_dead_letter"]
+STATE_SCHEMA = ("entity string, partition int, start long, next long, hw long, ts long, "
+                + ", ".join(f"{g} long" for g in GAUGES))
+
+
+def _json(frame: DataFrame, schema: str) -> Column:
+    return F.from_json(frame["value"].cast("string"), schema)
+
+
+def parse_events(frame: DataFrame) -> DataFrame:
+    """One row per event record: its fields, ``event_time`` and the Kafka position."""
+    parsed = frame.select(_json(frame, EVENT_SCHEMA).alias("e"), "topic", "partition", "offset")
+    return (parsed.where(F.col("e.type").isNotNull() & F.col("e.entity").isNotNull()
+                         & F.col("e.ts").isNotNull())
+            .select("e.*", F.col("offset").alias("record_offset"))
+            .withColumn("event_time", F.timestamp_millis("ts")))
+
+
+def parse_states(frame: DataFrame) -> DataFrame:
+    """One row per window state record, with ``event_time``."""
+    parsed = frame.select(_json(frame, STATE_SCHEMA).alias("s"), F.col("offset"))
+    return (parsed.where(F.col("s.entity").isNotNull() & F.col("s.ts").isNotNull())
+            .select("s.*", F.col("offset").alias("record_offset"))
+            .withColumn("event_time", F.timestamp_millis("ts")))
