@@ -8,12 +8,17 @@ dropped, so garbage on a topic never stops a job.
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+
+from spark.source import read_kafka
+from topics import names
+from topics.connection import ConnectionSettings
 
 EVENT_SCHEMA = (
     "type string, entity string, partition int, offsets array<long>, count long, ts long, "
     "cmd string, reason string, description string, sub string, first long, `to` string, "
+    "until long, "
     "held array<long>, deliveries array<long>, enqueued array<long>")
 GAUGES = ["active", "locked", "deferred", "scheduled", "dead_letter", "transfer_dead_letter"]
 STATE_SCHEMA = ("entity string, partition int, start long, next long, hw long, ts long, "
@@ -39,3 +44,25 @@ def parse_states(frame: DataFrame) -> DataFrame:
     return (parsed.where(F.col("s.entity").isNotNull() & F.col("s.ts").isNotNull())
             .select("s.*", F.col("offset").alias("record_offset"))
             .withColumn("event_time", F.timestamp_millis("ts")))
+
+
+def read_events(spark: SparkSession, settings: ConnectionSettings,
+                entities: list[str]) -> DataFrame:
+    """The events of ``entities`` that name offsets, once per command (batch).
+
+    A command processed again after a crash publishes the same events again,
+    under the same command id."""
+    raw = read_kafka(spark, settings.bootstrap_servers, [names.events(settings.namespace)])
+    events = (parse_events(raw)
+              .where(F.col("entity").isin(entities) & (F.size("offsets") > 0))
+              .withColumn("cmd", F.coalesce("cmd", F.concat(F.lit("@"), "record_offset"))))
+    return events.dropDuplicates(["cmd", "type", "entity", "partition"])
+
+
+def read_entity_logs(spark: SparkSession, settings: ConnectionSettings,
+                     entities: list[str]) -> DataFrame:
+    """The raw message logs of ``entities`` (batch), with an ``entity`` column."""
+    topics = {names.entity_log(settings.namespace, e): e for e in entities}
+    raw = read_kafka(spark, settings.bootstrap_servers, list(topics))
+    mapping = F.create_map(*[F.lit(x) for pair in topics.items() for x in pair])
+    return raw.withColumn("entity", mapping[F.col("topic")])

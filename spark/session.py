@@ -22,6 +22,7 @@ def spark_session(app_name: str = "settlement", master: str = "local[2]") -> Spa
     spark = (SparkSession.builder.master(master).appName(app_name)
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.session.timeZone", "UTC")
              .getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
