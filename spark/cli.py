@@ -18,6 +18,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser,
                  connection_string: ConnectionString) -> None:
     """Register the Spark sub-commands on the ``settlement`` parser."""
     _add_monitor(commands, common, connection_string)
+    _add_dashboard(commands, common)
 
 
 def _add_monitor(commands: Any, common: argparse.ArgumentParser,
@@ -35,6 +36,31 @@ def _add_monitor(commands: Any, common: argparse.ArgumentParser,
         return run(connection_string(args), args)
 
     monitor.set_defaults(handler=handler)
+
+
+def _add_dashboard(commands: Any, common: argparse.ArgumentParser) -> None:
+    dashboard = commands.add_parser(
+        "dashboard", parents=[common], help="serve the monitor's results as a web page",
+        description="A page of charts (outcome rates over time, dead-letters by reason, "
+                    "lock-time percentiles, backlog per entity) and exact totals, read from "
+                    "the monitor's Parquet sink; it reloads itself. Also /metrics.json.")
+    dashboard.add_argument("--sink", default="monitor-data",
+                           help="the monitor's --sink directory (default: monitor-data)")
+    dashboard.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
+    dashboard.add_argument("--port", type=int, default=8050, help="default: 8050")
+    dashboard.add_argument("--refresh", type=int, default=5, metavar="SECONDS",
+                           help="the page reloads itself this often (default: 5)")
+    dashboard.add_argument("--output", metavar="FILE",
+                           help="write the page to FILE once and exit instead of serving")
+    dashboard.add_argument("--screenshot", metavar="PNG",
+                           help="save a headless Chromium screenshot of the page and exit")
+
+    def handler(args: argparse.Namespace) -> int:
+        from spark.dashboard import run
+
+        return run(args)
+
+    dashboard.set_defaults(handler=handler)
 
 
 def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,10 +12,13 @@ Readers keep, per key, the row of the newest batch whose write completed
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame
+
+if TYPE_CHECKING:  # readers (the dashboard) must not need PySpark
+    from pyspark.sql import DataFrame
 
 #: A metric row is identified by these; the newest batch holds its value.
 KEY = ["window_start", "entity", "metric", "label"]

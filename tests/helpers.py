@@ -1,15 +1,17 @@
-"""Test helpers: draining a queue, reading what the engine emits."""
+"""Test helpers: draining a queue, reading what the engine emits, running the
+Spark monitor over it."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from settlement import ServiceBusClient
+from settlement import ServiceBusClient, ServiceBusReceivedMessage
 from topics import names, specs
 
 
@@ -46,3 +48,22 @@ def drain_ids(client: ServiceBusClient, queue: str, wait: float = 2.0) -> list[s
         receiver.complete_messages(batch)
     receiver.close()
     return ids
+
+
+def receive_exactly(receiver: Any, count: int) -> list[ServiceBusReceivedMessage]:
+    got: list[ServiceBusReceivedMessage] = []
+    deadline = time.monotonic() + 30
+    while len(got) < count and time.monotonic() < deadline:
+        got += receiver.receive_messages(max_message_count=count - len(got), max_wait_time=2)
+    assert len(got) == count
+    return got
+
+
+def run_monitor(spark: Any, conn: str, sink: Path) -> None:
+    """The monitor over what the topics hold now, to the end (``available_now``)."""
+    from spark.monitor import start_monitor
+
+    query = start_monitor(spark, conn, sink, available_now=True)
+    query.awaitTermination(300)
+    query.stop()  # releases the checkpoint for the next run
+    assert query.exception() is None

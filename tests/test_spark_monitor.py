@@ -3,33 +3,16 @@ workload driven through the engine, and a restart does not double count."""
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from settlement import ServiceBusClient, ServiceBusReceivedMessage
+from settlement import ServiceBusClient
 from spark.metrics_store import completed_batches, current_gauges, read_metrics, totals
-from spark.monitor import start_monitor
+from tests.helpers import receive_exactly, run_monitor
 
 pytest.importorskip("pyspark")
-
-
-def run_monitor(spark: Any, conn: str, sink: Path) -> None:
-    query = start_monitor(spark, conn, sink, available_now=True)
-    query.awaitTermination(300)
-    query.stop()  # releases the checkpoint for the next run
-    assert query.exception() is None
-
-
-def receive_exactly(receiver: Any, count: int) -> list[ServiceBusReceivedMessage]:
-    got: list[ServiceBusReceivedMessage] = []
-    deadline = dt.datetime.now() + dt.timedelta(seconds=30)
-    while len(got) < count and dt.datetime.now() < deadline:
-        got += receiver.receive_messages(max_message_count=count - len(got), max_wait_time=2)
-    assert len(got) == count
-    return got
 
 
 def drive_workload(client: ServiceBusClient, queue: str) -> None:

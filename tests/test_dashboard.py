@@ -1,0 +1,91 @@
+"""The dashboard in a real headless Chromium: the numbers of a known workload,
+run through the engine and the Spark monitor, appear on the served page, and
+its screenshot is a real picture. Chromium is required, never skipped:
+``.ci/run`` installs Debian's ``chromium`` when it is missing."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from settlement import ServiceBusClient, ServiceBusMessage
+from spark.dashboard import ChromiumNotFound, chromium, dump_dom, make_server, screenshot
+from tests.helpers import receive_exactly, run_monitor
+
+
+@pytest.fixture
+def browser() -> None:
+    try:
+        chromium()
+    except ChromiumNotFound as exc:
+        pytest.fail(f"{exc}; .ci/run installs it before the tests")
+
+
+def drive_workload(client: ServiceBusClient, queue: str) -> None:
+    """12 sent: 7 completed, 2 abandoned then completed, 3 dead-lettered
+    ("poison")."""
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(12)])
+    with client.get_queue_receiver(queue) as receiver:
+        first = receive_exactly(receiver, 12)
+        receiver.complete_messages(first[:7])
+        receiver.abandon_messages(first[7:9])
+        for message in first[9:]:
+            receiver.dead_letter_message(message, reason="poison")
+        receiver.complete_messages(receive_exactly(receiver, 2))
+
+
+@pytest.fixture
+def dashboard_url(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    sink = tmp_path / "monitor"
+    server = make_server(sink, port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/", sink
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_page_shows_the_numbers_of_a_known_workload(
+        browser: None, spark: Any, conn: str, client: ServiceBusClient, make_queue: Any,
+        dashboard_url: tuple[str, Path], tmp_path: Path) -> None:
+    url, sink = dashboard_url
+    assert "No metrics yet" in dump_dom(url)
+    queue = make_queue()
+    drive_workload(client, queue)
+    run_monitor(spark, conn, sink)
+
+    dom = dump_dom(url)
+    row = re.search(rf'<tr data-entity="{queue}">(.*?)</tr>', dom)
+    assert row, f"no row for {queue} in the page"
+    cells = dict(re.findall(r'data-metric="(\w+)">([^<]*)<', row.group(1)))
+    assert {key: cells[key] for key in ("enqueued", "completed", "abandoned", "dead_lettered",
+                                        "deferred", "now_active", "now_dead_letter")} == {
+        "enqueued": "12", "completed": "9", "abandoned": "2", "dead_lettered": "3",
+        "deferred": "0", "now_active": "0", "now_dead_letter": "3"}
+    assert all(re.fullmatch(r"[\d.,]+", cells[key]) for key in (
+        "lock_p50_ms", "lock_p95_ms", "lock_p99_ms", "end_to_end_p50_ms"))
+    assert f"poison · {queue}: 3" in dom  # the dead-letters-by-reason bar
+    assert f"{queue}: outcomes per second" in dom
+
+    with urllib.request.urlopen(url + "metrics.json", timeout=10) as response:
+        numbers = json.load(response)
+    mine = next(row for row in numbers["entities"] if row["entity"] == queue)
+    assert (mine["enqueued"], mine["completed"], mine["dead_lettered"]) == (12, 9, 3)
+    assert {"entity": queue, "reason": "poison", "count": 3} in numbers["dead_letter_reasons"]
+
+    png = screenshot(url, tmp_path / "dashboard.png", width=1280, height=1600)
+    data = png.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    assert struct.unpack(">II", data[16:24]) == (1280, 1600)  # IHDR width, height
+    assert len(data) > 20_000  # charts and text, not a blank page
