@@ -18,8 +18,16 @@ from settlement.message import ServiceBusMessage, ServiceBusReceivedMessage
 from settlement.receiver import ServiceBusSubQueue
 
 Progress = Callable[[int], None]
+#: Application property of a copy made by a replay job: ``entity/partition/offset``
+#: of the original, so that a replay can tell what it already sent.
+REPLAYED_FROM = "replayed_from"
 _BATCH = 100
 _WAIT = 1.0
+
+
+def replay_id(entity: str, message: ServiceBusReceivedMessage) -> str:
+    """The :data:`REPLAYED_FROM` value of a copy of ``message`` of ``entity``."""
+    return f"{entity}/{message.partition}/{message.offset}"
 
 
 def resubmit_dead_letters(client: ServiceBusClient, queue_name: str, *,
@@ -41,7 +49,29 @@ def resubmit_dead_letters(client: ServiceBusClient, queue_name: str, *,
 
     with client.get_queue_sender(queue_name) as sender:
         return _drain(client, queue_name, matches, limit, on_progress,
-                      lambda batch: sender.send_messages([_copy(m) for m in batch]))
+                      lambda batch: sender.send_messages([copy_message(m) for m in batch]))
+
+
+def replay_dead_letters(client: ServiceBusClient, queue_name: str,
+                        chosen: set[tuple[int, int]], *, to: str | None = None,
+                        already_sent: frozenset[str] = frozenset(),
+                        on_progress: Progress | None = None) -> int:
+    """Resubmit the dead letters at ``chosen`` ``(partition, offset)``s to ``to``
+    (default: their queue); return how many left the sub-queue.
+
+    Each copy carries :data:`REPLAYED_FROM`; a dead letter whose copy is in
+    ``already_sent`` (a run that stopped between sending and completing) is
+    completed without sending it again, so replaying is idempotent.
+    """
+    def send(batch: list[ServiceBusReceivedMessage]) -> None:
+        copies = [copy_message(m, {REPLAYED_FROM: replay_id(queue_name, m)}) for m in batch
+                  if replay_id(queue_name, m) not in already_sent]
+        if copies:
+            sender.send_messages(copies)
+
+    with client.get_queue_sender(to or queue_name) as sender:
+        return _drain(client, queue_name, lambda m: (m.partition, m.offset) in chosen,
+                      len(chosen), on_progress, send)
 
 
 def purge_dead_letters(client: ServiceBusClient, queue_name: str, *,
@@ -80,9 +110,12 @@ def _drain(client: ServiceBusClient, queue_name: str,
     return done
 
 
-def _copy(message: ServiceBusReceivedMessage) -> ServiceBusMessage:
+def copy_message(message: ServiceBusReceivedMessage,
+                 extra_properties: dict[str, str] | None = None) -> ServiceBusMessage:
+    """A new message with the body, id and properties of ``message``."""
+    properties = {**(message.application_properties or {}), **(extra_properties or {})}
     return ServiceBusMessage(
-        message.body, application_properties=message.application_properties,
+        message.body, application_properties=properties or None,
         session_id=message.session_id, message_id=message.message_id,
         content_type=message.content_type, correlation_id=message.correlation_id,
         subject=message.subject, partition_key=message.partition_key, to=message.to,

@@ -103,7 +103,9 @@ def fold_messages(events: DataFrame) -> DataFrame:
 def fold_window(events: pd.DataFrame) -> pd.DataFrame:
     """Final state of every offset one window's events name (``applyInPandas``)."""
     messages: dict[int, _Message] = {}
-    for row in events.sort_values("record_offset").itertuples(index=False):
+    # One window's events share one events partition: record order is command
+    # order. The time comes first only for records that arrived elsewhere.
+    for row in events.sort_values(["ts", "record_offset"]).itertuples(index=False):
         for offset in row.offsets:
             _apply(messages.setdefault(int(offset), _Message()), row)
     first = events.iloc[0]
@@ -140,7 +142,8 @@ def _states(spark: SparkSession, settings: ConnectionSettings,
     states = parse_states(raw)
     latest = (states.where(F.col("entity").isin(entities))
               .groupBy("entity", "partition")
-              .agg(F.max_by(F.struct(*GAUGES, "start", "hw", "ts"), "record_offset").alias("s"))
+              .agg(F.max_by(F.struct(*GAUGES, "start", "hw", "ts"),
+                            F.struct("ts", "record_offset")).alias("s"))
               .select("entity", "partition", "s.*"))
     return latest.toPandas()
 
