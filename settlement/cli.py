@@ -258,8 +258,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dlq_list_by_default(argv: list[str]) -> list[str]:
     """``settlement dlq QUEUE`` lists, as before ``dlq`` had sub-commands."""
-    if "dlq" in argv:
-        at = argv.index("dlq") + 1
+    positional = [i for i, a in enumerate(argv) if not a.startswith("-")
+                  and (i == 0 or argv[i - 1] != "--connection-string")]
+    if positional and argv[positional[0]] == "dlq":
+        at = positional[0] + 1
         rest = [a for a in argv[at:] if not a.startswith("-")]
         if rest and rest[0] not in ("list", "resubmit", "purge"):
             argv.insert(at, "list")

@@ -27,10 +27,8 @@ being written and is reported as ``pending``, not as inconsistent.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,21 +207,3 @@ def _counts(messages: pd.DataFrame, hw: int) -> dict[str, int]:
     counts = {g: int((seen["state"] == g).sum()) for g in GAUGES}
     counts["locked"] = int(((seen["state"] == "active") & seen["locked"]).sum())
     return counts
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``spark-submit spark/audit.py --connection-string ... ENTITY ...``"""
-    parser = argparse.ArgumentParser(prog="audit", description=__doc__.splitlines()[0])
-    parser.add_argument("entities", nargs="+", metavar="ENTITY")
-    parser.add_argument("--connection-string", required=True)
-    args = parser.parse_args(argv)
-    from spark.session import spark_session
-
-    report = run_audit(spark_session("settlement-audit"), args.connection_string,
-                       args.entities)
-    print(report.summary())
-    return 0 if report.ok else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -8,6 +8,7 @@ imports its job when called.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser,
     """Register the Spark sub-commands on the ``settlement`` parser."""
     _add_monitor(commands, common, connection_string)
     _add_dashboard(commands, common)
+    _add_replay(commands, common, connection_string)
 
 
 def _add_monitor(commands: Any, common: argparse.ArgumentParser,
@@ -76,3 +78,103 @@ def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how late an event may arrive and still count (default: 1 minute)")
     parser.add_argument("--available-now", action="store_true",
                         help="process what is in the topics now, then stop")
+
+
+def _add_replay(commands: Any, common: argparse.ArgumentParser,
+                connection_string: ConnectionString) -> None:
+    replay = commands.add_parser(
+        "replay", parents=[common], help="Spark batch jobs: replay dead letters or a time "
+                                         "range, audit the engine",
+        description="Spark batch jobs over the raw logs and the engine's event stream.")
+    sub = replay.add_subparsers(title="jobs", metavar="JOB")
+    replay.set_defaults(parser=replay)
+    when = argparse.ArgumentParser(add_help=False)
+    when.add_argument("--since", type=_utc, metavar="ISO-TIME", help="from this time on (UTC "
+                                                                     "unless it says)")
+    when.add_argument("--until", type=_utc, metavar="ISO-TIME", help="before this time")
+
+    dlq = sub.add_parser("dlq", parents=[common, when], help="resubmit dead letters, once",
+                         description="Resubmit the dead letters of QUEUE that match --reason "
+                                     "and were dead-lettered in [--since, --until), to --to "
+                                     "(default: QUEUE). Copies carry the application property "
+                                     "replayed_from; running it again resubmits nothing more.")
+    dlq.add_argument("queue", metavar="QUEUE")
+    dlq.add_argument("--reason", help="only dead letters with this dead-letter reason")
+    dlq.add_argument("--to", metavar="QUEUE", help="send the copies here instead")
+
+    def run_dlq(args: argparse.Namespace) -> int:
+        from spark.replay import replay_dlq
+
+        count = _with_client(args, connection_string, lambda spark, client, bar: replay_dlq(
+            spark, client, connection_string(args), args.queue, reason=args.reason,
+            since=args.since, until=args.until, to=args.to, on_progress=bar.update))
+        print(f"resubmitted {count} dead letter(s) of {args.queue!r} to {args.to or args.queue!r}")
+        return 0
+
+    dlq.set_defaults(handler=run_dlq)
+
+    ranged = sub.add_parser("range", parents=[common, when],
+                            help="re-publish a time range of a queue's log to another queue",
+                            description="Re-publish the messages QUEUE received in [--since, "
+                                        "--until) to --to, once (copies carry replayed_from).")
+    ranged.add_argument("queue", metavar="QUEUE")
+    ranged.add_argument("--to", metavar="QUEUE", required=True, help="the target queue")
+
+    def run_range(args: argparse.Namespace) -> int:
+        from spark.replay import replay_range
+
+        if args.since is None:
+            raise ValueError("replay range needs --since (an ISO time)")
+        count = _with_client(args, connection_string, lambda spark, client, bar: replay_range(
+            spark, client, connection_string(args), args.queue, args.to, since=args.since,
+            until=args.until, on_progress=bar.update))
+        print(f"re-published {count} message(s) of {args.queue!r} to {args.to!r}")
+        return 0
+
+    ranged.set_defaults(handler=run_range)
+
+    audit = sub.add_parser("audit", parents=[common], help="check the engine's bookkeeping",
+                           description="Rebuild every message's final state from the raw log "
+                                       "and the events; compare with the state topic. Exit "
+                                       "status 1 when messages are lost, stuck, doubly "
+                                       "settled or inconsistent.")
+    audit.add_argument("queues", metavar="QUEUE", nargs="*",
+                       help="queues to audit (default: all)")
+    audit.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+                       help="how long past its end a lock may stay unlapsed (default: 30)")
+
+    def run_audit(args: argparse.Namespace) -> int:
+        from settlement.management import ServiceBusAdministrationClient
+        from spark.audit import run_audit as audit_entities
+        from spark.session import spark_session
+
+        conn = connection_string(args)
+        queues = args.queues
+        if not queues:
+            with ServiceBusAdministrationClient.from_connection_string(conn) as admin:
+                queues = [q.name for q in admin.list_queues()]
+        report = audit_entities(spark_session("settlement-audit"), conn, queues,
+                                grace_ms=int(args.grace * 1000))
+        print(report.summary())
+        return 0 if report.ok else 1
+
+    audit.set_defaults(handler=run_audit)
+
+
+def _utc(text: str) -> dt.datetime:
+    value = dt.datetime.fromisoformat(text)
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def _with_client(args: argparse.Namespace, connection_string: ConnectionString,
+                 job: Callable[[Any, Any, Any], int]) -> int:
+    """Run ``job(spark, client, progress_bar)``."""
+    from tqdm import tqdm
+
+    from settlement.client import ServiceBusClient
+    from spark.session import spark_session
+
+    spark = spark_session("settlement-replay")
+    with ServiceBusClient.from_connection_string(connection_string(args)) as client, \
+            tqdm(unit="msg", desc="sent", disable=None) as bar:
+        return job(spark, client, bar)

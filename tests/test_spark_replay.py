@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue, cli
 from settlement.dead_letters import REPLAYED_FROM
 from tests.helpers import receive_exactly
 from topics import names
@@ -29,7 +29,8 @@ def drain(client: ServiceBusClient, queue: str, sub: Any = None) -> list[Any]:
 
 
 def test_audit_passes_a_clean_run_and_catches_injected_faults(
-        spark: Any, conn: str, client: ServiceBusClient, make_queue: Any) -> None:
+        spark: Any, conn: str, client: ServiceBusClient, make_queue: Any,
+        capsys: pytest.CaptureFixture[str]) -> None:
     from spark.audit import run_audit
 
     queue = make_queue(partition_count=2)
@@ -47,6 +48,7 @@ def test_audit_passes_a_clean_run_and_catches_injected_faults(
     report = run_audit(spark, conn, [queue])
     assert report.ok, report.summary()
     assert report.messages == 20 and report.windows == 2
+    assert cli.main(["replay", "audit", queue, "--connection-string", conn]) == 0
 
     # Faults: a second completion by another command, and a state record
     # whose counts the events do not give.
@@ -70,10 +72,13 @@ def test_audit_passes_a_clean_run_and_catches_injected_faults(
     (inconsistent,) = report.findings["inconsistent"]
     assert inconsistent["partition"] == victim.partition
     assert inconsistent["dead_letter"]["state_topic"] == 99
+    assert cli.main(["replay", "audit", queue, "--connection-string", conn]) == 1
+    assert "double 1" in capsys.readouterr().out
 
 
 def test_replay_dlq_resubmits_matching_dead_letters_once(
-        spark: Any, conn: str, client: ServiceBusClient, make_queue: Any) -> None:
+        spark: Any, conn: str, client: ServiceBusClient, make_queue: Any,
+        capsys: pytest.CaptureFixture[str]) -> None:
     from spark.replay import replay_dlq
 
     queue = make_queue()
@@ -95,7 +100,9 @@ def test_replay_dlq_resubmits_matching_dead_letters_once(
                 "n": 0, REPLAYED_FROM: f"{queue}/{got[0].partition}/{got[0].offset}"}))
 
     assert replay_dlq(spark, client, conn, queue, reason="bad") == 3
-    assert replay_dlq(spark, client, conn, queue, reason="bad") == 0  # nothing more
+    args = ["replay", "dlq", queue, "--reason", "bad", "--connection-string", conn]
+    assert cli.main(args) == 0  # a second run resubmits nothing more
+    assert f"resubmitted 0 dead letter(s) of {queue!r}" in capsys.readouterr().out
     copies = drain(client, queue)
     assert sorted(m.message_id for m in copies) == ["id-0", "id-1", "id-2"]
     assert all(m.application_properties[REPLAYED_FROM].startswith(f"{queue}/")
