@@ -10,7 +10,9 @@
 4. peek-lock: one ``complete_message`` per message from several threads,
    each thread with its own receiver of one client;
 5. receive-and-delete;
-6. latency of single ``complete_message`` calls (p50/p99).
+6. latency of single ``complete_message`` calls (p50/p99);
+7. Spark (``bench.spark_phases``): records/s the Kafka source reads, and the
+   delay from a settlement to its row in the monitor's sink (2 s trigger).
 
 Every settled phase checks by message id that each message was settled
 exactly once. The table goes to stdout and the same figures as JSON to
@@ -35,7 +37,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ import confluent_kafka
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from bench.measure import CpuMeter, Phase, Timed, percentile
 from settlement import ServiceBusClient, ServiceBusMessage
 from settlement.embedded import EmbeddedBroker
 from settlement.exceptions import OperationTimeoutError, ServiceBusError
@@ -84,85 +86,6 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-# ------------------------------------------------------------------------ CPU
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
-class CpuMeter:
-    """CPU seconds per process between two points of the bench."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = pids
-
-    def snapshot(self) -> dict[str, float]:
-        return {name: _cpu_seconds(pid) for name, pid in self.pids.items()}
-
-    @staticmethod
-    def usage(before: dict[str, float], after: dict[str, float], wall: float
-              ) -> dict[str, float]:
-        """Cores each process kept busy on average (1.0 = one core flat out)."""
-        return {name: round((after[name] - before[name]) / wall, 2) if wall > 0 else 0.0
-                for name in before}
-
-
-@dataclass
-class Phase:
-    """One measured figure."""
-
-    key: str
-    label: str
-    messages: int
-    seconds: float
-    unit: str = "msg/s"
-    cpu: dict[str, float] = field(default_factory=dict)
-    check: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float:
-        return self.messages / self.seconds if self.seconds > 0 else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "messages": self.messages,
-                "seconds": round(self.seconds, 3), "rate": round(self.rate, 1),
-                "unit": self.unit, "cpu_cores": self.cpu, "check": self.check, **self.extra}
-
-
-class Timed:
-    """``with Timed(meter) as t:`` gives ``t.seconds`` and ``t.cpu`` afterwards."""
-
-    def __init__(self, meter: CpuMeter) -> None:
-        self.meter = meter
-        self.seconds = 0.0
-        self.cpu: dict[str, float] = {}
-        self.end: float | None = None  # set to stop the clock before the block ends
-
-    def __enter__(self) -> Timed:
-        self._cpu0 = self.meter.snapshot()
-        self.start = time.perf_counter()
-        return self
-
-    def stop(self) -> None:
-        if self.end is None:
-            self.end = time.perf_counter()
-            self._cpu1 = self.meter.snapshot()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-        assert self.end is not None
-        self.seconds = self.end - self.start
-        self.cpu = CpuMeter.usage(self._cpu0, self._cpu1, self.seconds)
-
-
 # ------------------------------------------------------------- exactly once
 def check_exactly_once(expected: list[str], received: Counter[str], settled: Counter[str],
                        failures: int = 0) -> dict[str, Any]:
@@ -202,15 +125,6 @@ def final_check(receivers: list[Any], ids: list[str], received: Counter[str],
     if isinstance(failures, list) and failures:
         check["failure_sample"] = failures[:3]
     return check
-
-
-def percentile(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(samples)
-    if not ordered:
-        return float("nan")
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
 
 
 # ------------------------------------------------------------ raw baseline
@@ -346,38 +260,6 @@ def settle_in_batches(client: ServiceBusClient, queue: str, ids: list[str], batc
                  len(ids), t.seconds, cpu=t.cpu, check=check,
                  extra={"receive_rounds": rounds,
                         "mean_batch": round(sum(received.values()) / max(rounds, 1), 1)})
-
-
-def spark_source_read(bootstrap: str, n: int, size: int, meter: CpuMeter) -> Phase:
-    """Records/s the Spark Kafka source (spark.source.read_kafka_stream) reads
-    with Trigger.AvailableNow from a fresh 2-partition topic; the SparkSession
-    is started before the clock."""
-    from spark.session import spark_session
-    from spark.source import kafka_connector_available, read_kafka_stream
-
-    topic = f"bench-spark-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})  # keep it alive for the result
-    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(15)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    payload = b"x" * size
-    for i in range(n):
-        producer.produce(topic, payload, key=str(i).encode())
-        producer.poll(0)
-    producer.flush(60)
-    spark = spark_session("settlement-bench")
-    counted: list[int] = []
-    with tempfile.TemporaryDirectory() as checkpoint, Timed(meter) as t:
-        frame = read_kafka_stream(spark, bootstrap, [topic], fetch_max_wait_ms=10)
-        query = (frame.writeStream
-                 .foreachBatch(lambda batch, _id: counted.append(batch.count()))
-                 .option("checkpointLocation", checkpoint)
-                 .trigger(availableNow=True).start())
-        query.awaitTermination(600)
-    source = "Spark's kafka connector" if kafka_connector_available(spark) else "Python source"
-    spark.stop()
-    return Phase("spark_source", f"Spark read, {source} (AvailableNow)", sum(counted),
-                 t.seconds, cpu=t.cpu, check={"ok": sum(counted) == n, "expected": n,
-                                             "read": sum(counted)})
 
 
 def batches(receiver: Any, batch: int, stop: threading.Event) -> Iterator[list[Any]]:
@@ -644,6 +526,11 @@ def render(machine: dict[str, Any], args: argparse.Namespace, phases: dict[str, 
     thr("receive_and_delete", raw_c, "consume")
     if "spark_source" in phases:
         thr("spark_source", raw_c, "consume")
+    if "monitor_delay" in phases:
+        delay = phases["monitor_delay"]
+        row(f"{delay.label} p50 (n={delay.messages})", f"{delay.extra['p50_s']:.2f} s",
+            "", "", delay.cpu)
+        row(f"{delay.label} max", f"{delay.extra['max_s']:.2f} s", "", "", {})
     lat, raw_lat = phases["settle_latency"], phases["raw_ack_latency"]
     row(f"{lat.label} p50 (n={lat.messages})", f"{lat.extra['p50_ms']:.2f} ms",
         f"{raw_lat.extra['p50_ms']:.2f} ms produce->ack", "", lat.cpu)
@@ -689,7 +576,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--output", type=Path, default=None,
                    help="where to write the JSON results (default bench/results/latest.json)")
     p.add_argument("--no-spark", action="store_true",
-                   help="skip the Spark source phase (it starts a SparkSession, ~15 s)")
+                   help="skip the Spark phases (they start a SparkSession, ~15 s)")
+    p.add_argument("--monitor-samples", type=int, default=5,
+                   help="settlements timed into the Spark monitor's sink")
     p.add_argument("--keep-logs", action="store_true",
                    help="keep the broker and worker logs and the engine's data dir")
     return p.parse_args(argv)
@@ -723,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{time.monotonic() - started:6.1f}s] {msg}", flush=True)
 
         admin = ServiceBusAdministrationClient.from_connection_string(conn)
-        queues = ["warmup", "peek", "batchthreads", "threads", "rad", "latency"]
+        queues = ["warmup", "peek", "batchthreads", "threads", "rad", "latency", "probe"]
         for q in queues:
             admin.create_queue(q, lock_duration=LOCK_SECONDS, max_delivery_count=10)
         # The same workload with duplicate detection and a time to live: the
@@ -791,8 +680,17 @@ def main(argv: list[str] | None = None) -> int:
                 client, "rad", [m.message_id for m in msgs], args.batch, meter)
 
             if not args.no_spark:
+                from bench.spark_phases import monitor_delay, spark_source_read
+                from spark.session import spark_session
+
                 step("Spark source read (starting a SparkSession)")
-                phases["spark_source"] = spark_source_read(broker.bootstrap, n, size, meter)
+                spark = spark_session("settlement-bench")
+                phases["spark_source"] = spark_source_read(spark, broker.bootstrap, n, size,
+                                                           meter)
+                step(f"settlement -> monitor sink delay, {args.monitor_samples} samples")
+                phases["monitor_delay"] = monitor_delay(spark, client, conn, "probe",
+                                                        args.monitor_samples, meter)
+                spark.stop()
 
             step(f"latency of {args.latency_samples} single complete_message calls")
             msgs = make_messages("l", args.latency_samples, size)
