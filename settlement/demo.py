@@ -4,9 +4,13 @@ Starts the embedded broker and one engine worker, creates queue ``orders``
 (2 s locks, 3 deliveries at most) and drives complete, abandon, a lapsed lock,
 dead-letter, defer, max delivery count, batch completion, (on a second
 queue) receive-and-delete and (on a third, with duplicate detection) a
-duplicate, an expiring and a scheduled message. Then it reads the dead-letter sub-queue, prints the
-outcomes and the runtime counts, shuts everything down and exits 0 -- or 1,
-saying which expectation failed.
+duplicate, an expiring and a scheduled message. Then it reads the dead-letter
+sub-queue and prints the outcomes and the runtime counts. Last, Spark: the
+monitoring job turns the engine's events into metrics, the audit checks that
+no message was lost, stuck or settled twice, and the dashboard page is
+written to ``demo-output/dashboard.html`` (with a screenshot where Chromium
+is installed). It shuts everything down and exits 0 -- or 1, saying which
+expectation failed.
 
 Run it with ``python -m settlement.demo``.
 """
@@ -54,6 +58,8 @@ WAIT_S = 10.0
 QUIET_S = 1.0
 WORKER_READY_TIMEOUT_S = 90.0
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
+#: Where the monitor's results and the dashboard page go (kept after the demo).
+OUTPUT_DIR = Path("demo-output")
 DEAD_LETTER_REASON = "InvalidOrder"
 DEAD_LETTER_DESCRIPTION = "quantity must be positive, got -2"
 
@@ -419,12 +425,47 @@ def run(workdir: Path) -> int:
         log.info("engine worker ready (log %s)", engine.log_path)
         try:
             code = drive(conn)
+            if code == 0:
+                code = monitor_and_dashboard(conn, OUTPUT_DIR)
             # Free the clients' librdkafka handles (some sit in reference cycles)
             # while the broker is up, so they disconnect quietly.
             gc.collect()
         finally:
             engine.stop()
         return code
+
+
+def monitor_and_dashboard(conn: str, out_dir: Path) -> int:
+    """Spark over what the demo did: metrics, an audit, the dashboard page."""
+    from spark.audit import run_audit
+    from spark.dashboard import ChromiumNotFound, screenshot, write_html
+    from spark.monitor import start_monitor
+    from spark.session import spark_session
+
+    log.info("Spark: monitoring job, audit and dashboard (starting a SparkSession)")
+    sink = out_dir / "monitor"
+    shutil.rmtree(sink, ignore_errors=True)  # a new namespace each run: start afresh
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spark = spark_session("settlement-demo")
+    try:
+        query = start_monitor(spark, conn, sink, available_now=True)
+        query.awaitTermination()
+        query.stop()
+        report = run_audit(spark, conn, [QUEUE, RAD_QUEUE, LIFE_QUEUE])
+    finally:
+        spark.stop()
+    print(report.summary())
+    page = write_html(sink, out_dir / "dashboard.html")
+    print(f"Dashboard: open file://{page.resolve()}")
+    print(f"  (or serve it live: .venv/bin/settlement dashboard --sink {sink})")
+    try:
+        print(f"  screenshot: {screenshot(page.resolve().as_uri(), out_dir / 'dashboard.png')}")
+    except ChromiumNotFound as exc:
+        log.info("no screenshot: %s", exc)
+    if not report.ok:
+        print("FAILED: the audit found problems (above)", file=sys.stderr)
+        return 1
+    return 0
 
 
 def drive(conn: str) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterator
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from settlement import _wire
@@ -58,11 +58,7 @@ def dead_letters(spark: SparkSession, connection_string: str, entity: str, *,
     chosen = now_dead.select("partition", "offset").join(lettered, ["partition", "offset"])
     if reason is not None:
         chosen = chosen.where(F.col("reason") == reason)
-    if since is not None:
-        chosen = chosen.where(F.col("dead_lettered_at") >= F.lit(_wire.as_utc(since)))
-    if until is not None:
-        chosen = chosen.where(F.col("dead_lettered_at") < F.lit(_wire.as_utc(until)))
-    return chosen
+    return chosen.where(_between("dead_lettered_at", since, until))
 
 
 def replay_dlq(spark: SparkSession, client: ServiceBusClient, connection_string: str,
@@ -89,9 +85,7 @@ def replay_range(spark: SparkSession, client: ServiceBusClient, connection_strin
         raise ValueError("replay range needs a different target entity: re-publishing a "
                          "range to its own log would replay the copies too")
     logs = read_entity_logs(spark, parse_connection_string(connection_string), [entity])
-    selected = logs.where(F.col("timestamp") >= F.lit(_wire.as_utc(since)))
-    if until is not None:
-        selected = selected.where(F.col("timestamp") < F.lit(_wire.as_utc(until)))
+    selected = logs.where(_between("timestamp", since, until))
     already = replayed_ids(spark, connection_string, to)
     sent = 0
     with client.get_queue_sender(to) as sender:
@@ -104,6 +98,22 @@ def replay_range(spark: SparkSession, client: ServiceBusClient, connection_strin
                 if on_progress is not None:
                     on_progress(len(copies))
     return sent
+
+
+def _between(column: str, since: dt.datetime | None, until: dt.datetime | None) -> Column:
+    """``since <= column < until`` at Kafka's resolution: whole milliseconds (a
+    record stamped in the millisecond of ``since`` is in the range)."""
+    condition = F.lit(True)
+    if since is not None:
+        condition &= F.col(column) >= F.lit(_to_ms(since))
+    if until is not None:
+        condition &= F.col(column) < F.lit(_to_ms(until))
+    return condition
+
+
+def _to_ms(moment: dt.datetime) -> dt.datetime:
+    moment = _wire.as_utc(moment)
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
 def _messages(records: DataFrame) -> Iterator[ServiceBusReceivedMessage]:
