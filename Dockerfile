@@ -22,11 +22,12 @@ WORKDIR /app
 COPY . /app
 RUN pip install . \
     && useradd --create-home --uid 1000 settlement \
-    && mkdir -p /data \
-    && chown settlement:settlement /data
+    && mkdir -p /data /monitor \
+    && chown settlement:settlement /data /monitor
 
-# RocksDB state for `settlement worker --data-dir /data`; mount a volume here.
-VOLUME ["/data"]
+# RocksDB state for `settlement worker --data-dir /data`, the monitor's Parquet
+# results and checkpoint for `settlement monitor --sink /monitor`: mount volumes.
+VOLUME ["/data", "/monitor"]
 USER settlement
 
 ENTRYPOINT ["settlement"]

@@ -128,10 +128,11 @@ def start_monitor(spark: SparkSession, connection_string: str, sink: str | Path,
                                 max_offsets_per_trigger=max_records_per_trigger,
                                 fetch_max_wait_ms=min(settings.fetch_max_wait_ms, 100))
     metrics = aggregate(metric_facts(records, settings, watermark), window)
-    checkpoint = Path(checkpoint) if checkpoint else Path(sink) / "_checkpoint"
+    # Strings, not Paths: the sink may be a URI (s3a://...) on a cluster.
+    checkpoint = str(checkpoint or f"{str(sink).rstrip('/')}/_checkpoint")
     writer = (metrics.writeStream.outputMode("update")
               .foreachBatch(lambda frame, batch_id: write_batch(frame, batch_id, sink))
-              .option("checkpointLocation", checkpoint.as_uri())
+              .option("checkpointLocation", checkpoint)
               .queryName(f"settlement-monitor-{settings.namespace}"))
     if available_now:
         writer = writer.trigger(availableNow=True)

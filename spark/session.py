@@ -19,6 +19,8 @@ def spark_session(app_name: str = "settlement", master: str = "local[2]") -> Spa
     # Spark's Python workers must run this interpreter, which has this project.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local"):  # no lookup of the host's name (and no warning about it)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     spark = (SparkSession.builder.master(master).appName(app_name)
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.ui.enabled", "false")

@@ -204,6 +204,19 @@ def test_kafka_clients_share_one_connection_string(services: dict[str, dict[str,
 
 def test_monitor_service_runs_settlement_monitor(services: dict[str, dict[str, Any]]) -> None:
     assert _argv(services["spark"])[:2] == ["settlement", "monitor"]
+    assert "profiles" not in services["spark"], "the monitor runs by default"
+
+
+def test_dashboard_reads_the_monitors_sink_volume(services: dict[str, dict[str, Any]]) -> None:
+    monitor, dashboard = _argv(services["spark"]), _argv(services["dashboard"])
+    assert dashboard[:2] == ["settlement", "dashboard"]
+    sink = _option(monitor, "--sink")
+    assert sink and _option(dashboard, "--sink") == sink
+    volume_of = {name: [str(v).split(":")[0] for v in services[name]["volumes"]
+                        if str(v).split(":")[1] == sink] for name in ("spark", "dashboard")}
+    assert volume_of["spark"] and volume_of["spark"] == volume_of["dashboard"]
+    port = _option(dashboard, "--port")
+    assert any(str(p).endswith(f":{port}") for p in services["dashboard"]["ports"])
 
 
 def test_dockerfile_installs_java_17_and_the_package() -> None:
