@@ -1,8 +1,11 @@
-"""Spark Structured Streaming over the engine's topics.
+"""Spark over the engine's topics: monitoring, the dashboard, replay and audit.
 
-``spark.source.read_kafka_stream`` reads Kafka topics as a stream: with
-Spark's own ``kafka`` connector where its jar is on the classpath, else with
-the Python Data Source in ``spark.kafka_source``. ``spark.session`` builds the
-local SparkSession (Java 17 required). Monitoring, the dashboard and replay
-jobs build on these (issue 4).
+* ``source`` / ``kafka_source``: Kafka topics as a stream or a batch (Spark's
+  ``kafka`` connector where its jar is on the classpath, else a Python Data
+  Source over confluent-kafka), with the same columns either way;
+* ``records``: the engine's event and state records as columns;
+* ``monitor`` + ``metrics_store``: the streaming metrics job and its Parquet sink;
+* ``dashboard`` + ``charts``: the page over that sink (no Spark needed);
+* ``audit`` and ``replay``: batch jobs over the raw logs and the events;
+* ``session``: the local SparkSession (Java 17 required); ``cli``: the commands.
 """
