@@ -1,4 +1,5 @@
-"""kill -9 of the engine in the middle of a stream loses and doubles nothing.
+"""kill -9 of the engine in the middle of a stream loses and doubles nothing,
+as the clients see it and as the Spark audit of the engine's records sees it.
 
 This test runs its own engine worker on its own namespace, so killing it does
 not disturb the session's engine.
@@ -10,18 +11,20 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from settlement import ServiceBusClient, ServiceBusMessage
 from settlement.embedded import EmbeddedBroker
 from settlement.exceptions import MessageLockLostError, ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
+from spark.audit import run_audit
 from streams.process import EngineProcess
 
 TOTAL = 400
 
 
 def test_kill_9_mid_stream_then_restart_loses_nothing_and_completes_nothing_twice(
-        broker: EmbeddedBroker, tmp_path: Path) -> None:
+        broker: EmbeddedBroker, tmp_path: Path, spark: Any) -> None:
     conn = broker.connection_string(f"crash{uuid.uuid4().hex[:6]}")
     engine = EngineProcess(conn, tmp_path).start()
     admin = ServiceBusAdministrationClient.from_connection_string(conn)
@@ -76,6 +79,10 @@ def test_kill_9_mid_stream_then_restart_loses_nothing_and_completes_nothing_twic
         assert not doubled, f"completed twice: {doubled}"
         props = admin.get_queue_runtime_properties("work")
         assert props.active_message_count == 0 and props.dead_letter_message_count == 0
+        # The engine's own record of it agrees: every message's events, the
+        # raw log and the state topic tell the same story across the crash.
+        report = run_audit(spark, conn, ["work"])
+        assert report.ok and report.messages == TOTAL, report.summary()
     finally:
         client.close()
         admin.close()

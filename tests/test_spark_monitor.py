@@ -86,3 +86,20 @@ def test_monitor_counts_equal_the_workload_and_survive_restarts(
     assert (last_output / "_SUCCESS").stat().st_mtime_ns != written  # it did run again
     counts = totals(read_metrics(sink), "count")
     assert (counts[(queue, "enqueued")], counts[(queue, "completed")]) == (40, 35)
+
+
+def test_settlement_monitor_command_writes_the_metrics(
+        spark: Any, conn: str, client: ServiceBusClient, make_queue: Any, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from settlement import ServiceBusMessage, cli
+
+    queue = make_queue()
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage("a"), ServiceBusMessage("b")])
+    with client.get_queue_receiver(queue) as receiver:
+        receiver.complete_messages(receive_exactly(receiver, 2))
+    sink = tmp_path / "sink"
+    args = ["monitor", "--available-now", "--sink", str(sink), "--connection-string", conn]
+    assert cli.main(args) == 0
+    assert str(sink.resolve()) in capsys.readouterr().out
+    assert totals(read_metrics(sink), "count")[(queue, "completed")] == 2
