@@ -10,10 +10,12 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from settlement import ServiceBusClient, ServiceBusMessage
 from settlement.embedded import EmbeddedBroker
 from settlement.management import ServiceBusAdministrationClient
+from spark.audit import run_audit
 from streams.process import ROOT, EngineProcess
 
 QUEUES = [f"q{i}" for i in range(6)]
@@ -41,7 +43,7 @@ def assigned_partitions(engine: EngineProcess) -> set[int]:
 
 
 def test_two_workers_share_the_namespace_and_survive_one_stopping(
-        broker: EmbeddedBroker, tmp_path: Path) -> None:
+        broker: EmbeddedBroker, tmp_path: Path, spark: Any) -> None:
     conn = broker.connection_string(f"pair{uuid.uuid4().hex[:6]}")
     first = EngineProcess(conn, tmp_path / "one").start()
     second = EngineProcess(conn, tmp_path / "two").start()
@@ -68,6 +70,8 @@ def test_two_workers_share_the_namespace_and_survive_one_stopping(
         assert all(len(rest[q]) == 40 for q in QUEUES[3:])
         for queue in QUEUES:
             assert admin.get_queue_runtime_properties(queue).active_message_count == 0
+        report = run_audit(spark, conn, QUEUES)  # across the hand-over, by the records
+        assert report.ok and report.messages == 40 * len(QUEUES), report.summary()
     finally:
         client.close()
         admin.close()

@@ -7,10 +7,12 @@ import datetime as dt
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from settlement.embedded import EmbeddedBroker
 from settlement.management import ServiceBusAdministrationClient
+from spark.audit import run_audit
 from streams.process import EngineProcess
 from tests.helpers import drain_ids, last_state
 
@@ -31,7 +33,7 @@ def test_second_send_of_a_message_id_is_acknowledged_but_never_delivered(
 
 
 def test_duplicate_history_and_scheduled_messages_survive_an_engine_crash(
-        broker: EmbeddedBroker, tmp_path: Path) -> None:
+        broker: EmbeddedBroker, tmp_path: Path, spark: Any) -> None:
     conn = broker.connection_string(f"dup{uuid.uuid4().hex[:6]}")
     engine = EngineProcess(conn, tmp_path).start()
     try:
@@ -55,6 +57,10 @@ def test_duplicate_history_and_scheduled_messages_survive_an_engine_crash(
             receiver = client.get_queue_receiver("reminders")
             [ping] = receiver.receive_messages(1, max_wait_time=40)
             assert ping.message_id == "ping" and dt.datetime.now(dt.UTC) >= due
+            receiver.complete_message(ping)
+            receiver.close()
+        report = run_audit(spark, conn, ["orders", "reminders"])
+        assert report.ok and report.messages == 4, report.summary()
     finally:
         engine.stop()
 
