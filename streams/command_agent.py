@@ -77,10 +77,15 @@ async def _handle(event: EventT) -> None:
         _parsed.pop(key, None)  # the object may be half-changed; reload from the table
         raise
     if outcome.changed:
+        # Events are queued before the changelog record: a crash that keeps
+        # the new state but loses its events would lose them for good (the
+        # retried command replays its answer and publishes nothing), while
+        # events without their state are published again by the retry under
+        # the same command id, which readers drop as a repeat.
+        await _publish(window, outcome.events, cmd.id)
         stored = window.to_bytes()
         windows[key] = stored
         _parsed[key] = (stored, window)
-        await _publish(window, outcome.events, cmd.id)
     _reply_ok(cmd, outcome.result)
 
 
