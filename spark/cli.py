@@ -78,6 +78,9 @@ def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how late an event may arrive and still count (default: 1 minute)")
     parser.add_argument("--available-now", action="store_true",
                         help="process what is in the topics now, then stop")
+    parser.add_argument("--compact-every", type=int, default=100, metavar="BATCHES",
+                        help="merge the sink's older batches into one file this often "
+                             "(default: 100; 0: never)")
 
 
 def _add_replay(commands: Any, common: argparse.ArgumentParser,

@@ -7,14 +7,26 @@ after a crash (same batch id, same offsets from the checkpoint) replaces its
 own output instead of adding to it, so a restart never double counts.
 Readers keep, per key, the row of the newest batch whose write completed
 (its ``_SUCCESS`` marker is there).
+
+A monitor on a 2-second trigger writes 43,200 directories a day, and the
+dashboard reads them all on every refresh; so every ``compact_every``
+batches the batches before the current one (Spark has committed them and
+never runs them again) are merged, newest row per key, into one
+``metrics/compacted-N.parquet``. The merged file is renamed into place
+before the directories it replaces are removed, so a reader sees every row
+at all times (at worst twice, which the newest-batch rule resolves).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 if TYPE_CHECKING:  # readers (the dashboard) must not need PySpark
@@ -29,11 +41,37 @@ def metrics_dir(sink: str | Path) -> Path:
     return Path(sink) / "metrics"
 
 
-def write_batch(frame: DataFrame, batch_id: int, sink: str | Path) -> None:
-    """``foreachBatch`` body: replace this batch's directory with its rows."""
+def write_batch(frame: DataFrame, batch_id: int, sink: str | Path,
+                compact_every: int = 100) -> None:
+    """``foreachBatch`` body: replace this batch's directory with its rows,
+    and now and then compact the batches before it (local sinks)."""
     # A plain path string: Spark would take the URI's %-escaped "=" literally.
     target = f"{str(sink).rstrip('/')}/metrics/batch_id={batch_id:012d}"
     frame.select(*COLUMNS).coalesce(1).write.mode("overwrite").parquet(target)
+    local = "://" not in str(sink)
+    if local and compact_every and batch_id and batch_id % compact_every == 0:
+        compact(sink, before=batch_id)
+
+
+def compact(sink: str | Path, before: int) -> int:
+    """Merge the completed batches below ``before`` and earlier compactions
+    into one file, newest row per key; return how many batches it merged."""
+    root = metrics_dir(sink)
+    batches = [d for d in completed_batches(sink) if _batch_of(d) < before]
+    earlier = sorted(root.glob("compacted-*.parquet"))
+    if not batches:
+        return 0
+    merged = _newest(_read(earlier + batches))
+    target = root / f"compacted-{before - 1:012d}.parquet"
+    scratch = root / f".compacting-{uuid.uuid4().hex}.parquet"
+    pq.write_table(pa.Table.from_pandas(merged, preserve_index=False), scratch)
+    os.replace(scratch, target)
+    for directory in batches:
+        shutil.rmtree(directory, ignore_errors=True)
+    for path in earlier:
+        if path != target:
+            path.unlink(missing_ok=True)
+    return len(batches)
 
 
 def completed_batches(sink: str | Path) -> list[Path]:
@@ -45,14 +83,38 @@ def completed_batches(sink: str | Path) -> list[Path]:
 
 def read_metrics(sink: str | Path) -> pd.DataFrame:
     """Every metric row at its newest value (pandas; empty before the first batch)."""
+    root = metrics_dir(sink)
+    tries = 3
+    while True:
+        parts = sorted(root.glob("compacted-*.parquet")) + completed_batches(sink)
+        try:
+            return _newest(_read(parts))
+        except FileNotFoundError:  # a compaction removed what was listed: list again
+            tries -= 1
+            if not tries:
+                raise
+
+
+def _batch_of(directory: Path) -> int:
+    return int(directory.name.partition("=")[2])
+
+
+def _read(parts: list[Path]) -> pd.DataFrame:
+    """Rows of batch directories (``batch_id`` from the name) and compacted
+    files (which keep their rows' ``batch_id``)."""
     frames = []
-    for directory in completed_batches(sink):
-        table = pq.read_table(directory).to_pandas()
-        table["batch_id"] = int(directory.name.partition("=")[2])
+    for part in parts:
+        table = pq.read_table(part).to_pandas()
+        if part.is_dir():
+            table["batch_id"] = _batch_of(part)
         frames.append(table)
     if not frames:
         return pd.DataFrame(columns=[*COLUMNS, "batch_id"])
-    rows = pd.concat(frames, ignore_index=True).sort_values("batch_id")
+    return pd.concat(frames, ignore_index=True)
+
+
+def _newest(rows: pd.DataFrame) -> pd.DataFrame:
+    rows = rows.sort_values("batch_id", kind="stable")
     return rows.drop_duplicates(KEY, keep="last").sort_values(KEY).reset_index(drop=True)
 
 

@@ -119,8 +119,8 @@ def aggregate(facts: DataFrame, window: str = "10 seconds") -> DataFrame:
 def start_monitor(spark: SparkSession, connection_string: str, sink: str | Path, *,
                   checkpoint: str | Path | None = None, trigger_seconds: float = 2.0,
                   window: str = "10 seconds", watermark: str = "1 minute",
-                  available_now: bool = False,
-                  max_records_per_trigger: int | None = None) -> StreamingQuery:
+                  available_now: bool = False, max_records_per_trigger: int | None = None,
+                  compact_every: int = 100) -> StreamingQuery:
     """Start the monitoring query; ``available_now`` reads what is there and stops."""
     settings = parse_connection_string(connection_string)
     topics = [names.events(settings.namespace), names.state(settings.namespace)]
@@ -131,7 +131,8 @@ def start_monitor(spark: SparkSession, connection_string: str, sink: str | Path,
     # Strings, not Paths: the sink may be a URI (s3a://...) on a cluster.
     checkpoint = str(checkpoint or f"{str(sink).rstrip('/')}/_checkpoint")
     writer = (metrics.writeStream.outputMode("update")
-              .foreachBatch(lambda frame, batch_id: write_batch(frame, batch_id, sink))
+              .foreachBatch(lambda frame, batch_id: write_batch(frame, batch_id, sink,
+                                                                compact_every))
               .option("checkpointLocation", checkpoint)
               .queryName(f"settlement-monitor-{settings.namespace}"))
     if available_now:
@@ -148,7 +149,8 @@ def run(connection_string: str, args: argparse.Namespace) -> int:
     spark = spark_session("settlement-monitor")
     query = start_monitor(spark, connection_string, args.sink, checkpoint=args.checkpoint,
                           trigger_seconds=args.trigger, window=args.window,
-                          watermark=args.watermark, available_now=args.available_now)
+                          watermark=args.watermark, available_now=args.available_now,
+                          compact_every=args.compact_every)
     log.info("monitor writing to %s", Path(args.sink).resolve())
     print(f"monitor: writing metrics to {Path(args.sink).resolve()} (Ctrl-C stops)")
     try:

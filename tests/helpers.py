@@ -59,11 +59,11 @@ def receive_exactly(receiver: Any, count: int) -> list[ServiceBusReceivedMessage
     return got
 
 
-def run_monitor(spark: Any, conn: str, sink: Path) -> None:
+def run_monitor(spark: Any, conn: str, sink: Path, **options: Any) -> None:
     """The monitor over what the topics hold now, to the end (``available_now``)."""
     from spark.monitor import start_monitor
 
-    query = start_monitor(spark, conn, sink, available_now=True)
+    query = start_monitor(spark, conn, sink, available_now=True, **options)
     query.awaitTermination(300)
     query.stop()  # releases the checkpoint for the next run
     assert query.exception() is None

@@ -6,10 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
-from settlement import ServiceBusClient
-from spark.metrics_store import completed_batches, current_gauges, read_metrics, totals
+from settlement import ServiceBusClient, ServiceBusMessage
+from spark.metrics_store import (
+    compact,
+    completed_batches,
+    current_gauges,
+    read_metrics,
+    totals,
+)
 from tests.helpers import receive_exactly, run_monitor
 
 pytest.importorskip("pyspark")
@@ -18,8 +25,6 @@ pytest.importorskip("pyspark")
 def drive_workload(client: ServiceBusClient, queue: str) -> None:
     """30 sent: 20 completed at once, 5 abandoned then completed, 3 dead-lettered
     ("bad-input"), 2 deferred."""
-    from settlement import ServiceBusMessage
-
     with client.get_queue_sender(queue) as sender:
         sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(30)])
     with client.get_queue_receiver(queue) as receiver:
@@ -64,8 +69,6 @@ def test_monitor_counts_equal_the_workload_and_survive_restarts(
             gauges["dead_letter"]) == (0, 0, 2, 3)
 
     # More work, and a restart from the checkpoint: totals grow by exactly that.
-    from settlement import ServiceBusMessage
-
     with client.get_queue_sender(queue) as sender:
         sender.send_messages([ServiceBusMessage(f"n{i}") for i in range(10)])
     with client.get_queue_receiver(queue) as receiver:
@@ -87,11 +90,27 @@ def test_monitor_counts_equal_the_workload_and_survive_restarts(
     counts = totals(read_metrics(sink), "count")
     assert (counts[(queue, "enqueued")], counts[(queue, "completed")]) == (40, 35)
 
+    # Compaction merges the batch directories into one file, changing no number,
+    # and the monitor counts on from there.
+    before = read_metrics(sink)
+    batches = completed_batches(sink)
+    assert compact(sink, before=int(batches[-1].name.partition("=")[2]) + 1) == len(batches)
+    assert completed_batches(sink) == []
+    assert len(list((sink / "metrics").glob("compacted-*.parquet"))) == 1
+    pd.testing.assert_frame_equal(read_metrics(sink), before)
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage(f"o{i}") for i in range(5)])
+    with client.get_queue_receiver(queue) as receiver:
+        receiver.complete_messages(receive_exactly(receiver, 5))
+    run_monitor(spark, conn, sink, compact_every=1)
+    counts = totals(read_metrics(sink), "count")
+    assert (counts[(queue, "enqueued")], counts[(queue, "completed")]) == (45, 40)
+
 
 def test_settlement_monitor_command_writes_the_metrics(
         spark: Any, conn: str, client: ServiceBusClient, make_queue: Any, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from settlement import ServiceBusMessage, cli
+    from settlement import cli
 
     queue = make_queue()
     with client.get_queue_sender(queue) as sender:
