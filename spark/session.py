@@ -6,10 +6,14 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from spark.kafka_source import KafkaSource
+
+#: Quiet start-up: warnings that need action only.
+LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 
 def spark_session(app_name: str = "settlement", master: str = "local[2]") -> SparkSession:
@@ -25,6 +29,8 @@ def spark_session(app_name: str = "settlement", master: str = "local[2]") -> Spa
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.extraJavaOptions",
+                     f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}")
              .config("spark.sql.session.timeZone", "UTC")
              .getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
