@@ -13,6 +13,7 @@ is skipped.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from collections.abc import Callable, Iterator
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -89,7 +90,8 @@ def replay_range(spark: SparkSession, client: ServiceBusClient, connection_strin
     already = replayed_ids(spark, connection_string, to)
     sent = 0
     with client.get_queue_sender(to) as sender:
-        for chunk in _chunks(_messages(selected.orderBy("partition", "offset"))):
+        messages = _messages(selected.orderBy("partition", "offset"))
+        while chunk := list(itertools.islice(messages, _CHUNK)):
             copies = [copy_message(m, {REPLAYED_FROM: replay_id(entity, m)}) for m in chunk
                       if replay_id(entity, m) not in already]
             if copies:
@@ -123,15 +125,3 @@ def _messages(records: DataFrame) -> Iterator[ServiceBusReceivedMessage]:
         yield _wire.decode(bytes(row.value) if row.value is not None else None, headers,
                            _wire.epoch_ms(row.timestamp), row.partition, row.offset,
                            lenient=True)
-
-
-def _chunks(messages: Iterator[ServiceBusReceivedMessage]
-            ) -> Iterator[list[ServiceBusReceivedMessage]]:
-    chunk: list[ServiceBusReceivedMessage] = []
-    for message in messages:
-        chunk.append(message)
-        if len(chunk) == _CHUNK:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
