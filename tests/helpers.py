@@ -67,3 +67,34 @@ def run_monitor(spark: Any, conn: str, sink: Path, **options: Any) -> None:
     query.awaitTermination(300)
     query.stop()  # releases the checkpoint for the next run
     assert query.exception() is None
+
+
+def drive_workload(client: ServiceBusClient, queue: str, *, sent: int, complete: int,
+                   abandon: int, dead_letter: int, reason: str, defer: int = 0,
+                   renew_first: bool = False) -> list[ServiceBusReceivedMessage]:
+    """A known workload for the Spark jobs to count: send ``sent`` messages,
+    receive them all, then (renew the first lock,) complete ``complete``,
+    abandon ``abandon``, dead-letter ``dead_letter`` with ``reason`` and defer
+    ``defer``, in that order; the abandoned ones come back with delivery
+    count 2 and are completed. Returns the first deliveries, in order."""
+    from settlement import ServiceBusMessage
+
+    assert complete + abandon + dead_letter + defer == sent
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(sent)])
+    with client.get_queue_receiver(queue) as receiver:
+        first = receive_exactly(receiver, sent)
+        if renew_first:
+            receiver.renew_message_lock(first[0])
+        done = complete
+        receiver.complete_messages(first[:done])
+        receiver.abandon_messages(first[done:done + abandon])
+        done += abandon
+        for message in first[done:done + dead_letter]:
+            receiver.dead_letter_message(message, reason=reason, error_description="test")
+        for message in first[done + dead_letter:]:
+            receiver.defer_message(message)
+        again = receive_exactly(receiver, abandon)
+        assert all(m.delivery_count == 2 for m in again)
+        receiver.complete_messages(again)
+    return first

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from settlement import ServiceBusClient, ServiceBusMessage
+from settlement import ServiceBusClient
 from spark.dashboard import ChromiumNotFound, chromium, dump_dom, make_server, screenshot
-from tests.helpers import receive_exactly, run_monitor
+from tests.helpers import drive_workload, run_monitor
 
 
 @pytest.fixture
@@ -27,20 +27,6 @@ def browser() -> None:
         chromium()
     except ChromiumNotFound as exc:
         pytest.fail(f"{exc}; .ci/run installs it before the tests")
-
-
-def drive_workload(client: ServiceBusClient, queue: str) -> None:
-    """12 sent: 7 completed, 2 abandoned then completed, 3 dead-lettered
-    ("poison")."""
-    with client.get_queue_sender(queue) as sender:
-        sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(12)])
-    with client.get_queue_receiver(queue) as receiver:
-        first = receive_exactly(receiver, 12)
-        receiver.complete_messages(first[:7])
-        receiver.abandon_messages(first[7:9])
-        for message in first[9:]:
-            receiver.dead_letter_message(message, reason="poison")
-        receiver.complete_messages(receive_exactly(receiver, 2))
 
 
 @pytest.fixture
@@ -62,7 +48,9 @@ def test_the_page_shows_the_numbers_of_a_known_workload(
     url, sink = dashboard_url
     assert "No metrics yet" in dump_dom(url)
     queue = make_queue()
-    drive_workload(client, queue)
+    # 12 sent: 7 completed, 2 abandoned then completed, 3 dead-lettered ("poison")
+    drive_workload(client, queue, sent=12, complete=7, abandon=2, dead_letter=3,
+                   reason="poison")
     run_monitor(spark, conn, sink)
 
     dom = dump_dom(url)

@@ -17,35 +17,18 @@ from spark.metrics_store import (
     read_metrics,
     totals,
 )
-from tests.helpers import receive_exactly, run_monitor
+from tests.helpers import drive_workload, receive_exactly, run_monitor
 
 pytest.importorskip("pyspark")
-
-
-def drive_workload(client: ServiceBusClient, queue: str) -> None:
-    """30 sent: 20 completed at once, 5 abandoned then completed, 3 dead-lettered
-    ("bad-input"), 2 deferred."""
-    with client.get_queue_sender(queue) as sender:
-        sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(30)])
-    with client.get_queue_receiver(queue) as receiver:
-        first = receive_exactly(receiver, 30)
-        receiver.renew_message_lock(first[0])
-        receiver.complete_messages(first[:20])
-        receiver.abandon_messages(first[20:25])
-        for message in first[25:28]:
-            receiver.dead_letter_message(message, reason="bad-input", error_description="test")
-        for message in first[28:]:
-            receiver.defer_message(message)
-        again = receive_exactly(receiver, 5)
-        assert all(m.delivery_count == 2 for m in again)
-        receiver.complete_messages(again)
 
 
 def test_monitor_counts_equal_the_workload_and_survive_restarts(
         spark: Any, conn: str, client: ServiceBusClient, make_queue: Any,
         tmp_path: Path) -> None:
     queue = make_queue()
-    drive_workload(client, queue)
+    # 30 sent: 20 completed at once, 5 abandoned then completed, 3 dead-lettered, 2 deferred
+    drive_workload(client, queue, sent=30, complete=20, abandon=5, dead_letter=3,
+                   reason="bad-input", defer=2, renew_first=True)
     sink = tmp_path / "monitor"
     run_monitor(spark, conn, sink)
 

@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue, cli
 from settlement.dead_letters import REPLAYED_FROM
-from tests.helpers import receive_exactly
+from tests.helpers import drive_workload, receive_exactly
 from topics import names
 from topics.connection import parse_connection_string
 
@@ -34,17 +34,8 @@ def test_audit_passes_a_clean_run_and_catches_injected_faults(
     from spark.audit import run_audit
 
     queue = make_queue(partition_count=2)
-    with client.get_queue_sender(queue) as sender:
-        sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(20)])
-    with client.get_queue_receiver(queue) as receiver:
-        got = receive_exactly(receiver, 20)
-        receiver.complete_messages(got[:10])
-        receiver.abandon_messages(got[10:14])
-        for message in got[14:17]:
-            receiver.dead_letter_message(message, reason="poison")
-        for message in got[17:]:
-            receiver.defer_message(message)
-        receiver.complete_messages(receive_exactly(receiver, 4))
+    got = drive_workload(client, queue, sent=20, complete=10, abandon=4, dead_letter=3,
+                         reason="poison", defer=3)
     report = run_audit(spark, conn, [queue])
     assert report.ok, report.summary()
     assert report.messages == 20 and report.windows == 2
