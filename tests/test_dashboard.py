@@ -1,7 +1,7 @@
 """The dashboard in a real headless Chromium: the numbers of a known workload,
 run through the engine and the Spark monitor, appear on the served page, and
 its screenshot is a real picture. Chromium is required, never skipped:
-``.ci/run`` installs Debian's ``chromium`` when it is missing."""
+``make test`` (and so ``.ci/run``) installs Debian's ``chromium`` when it is missing."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def browser() -> None:
     try:
         chromium()
     except ChromiumNotFound as exc:
-        pytest.fail(f"{exc}; .ci/run installs it before the tests")
+        pytest.fail(f"{exc}; make test installs it before the tests")
 
 
 @pytest.fixture
