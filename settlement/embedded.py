@@ -11,8 +11,8 @@ one in well under a second with nothing but ``pip install``.
 Tansu is *not* Kafka, and a few of its differences matter to us:
 
 * It does not wake a parked fetch when data arrives, so a consumer's
-  ``fetch.wait.max.ms`` becomes added latency on every poll.  That is why
-  :meth:`EmbeddedBroker.connection_string` asks for ``FetchMaxWaitMs=10``.
+  ``fetch.wait.max.ms`` becomes added latency on every poll.  Clients detect
+  the broker and wait briefly (:mod:`topics.broker_profile`).
 * ``ListOffsets`` (what ``Consumer.get_watermark_offsets(..., cached=False)``
   sends) can report a high watermark below the true log end right after a
   batch is produced; the fetch response's high watermark is correct.  Never
@@ -29,13 +29,20 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
+
+from settlement._local_broker import (
+    LOG_TAIL_BYTES,
+    BrokerStartError,
+    free_port,
+    log_tail,
+    port_in_use,
+    wait_until_answering,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,41 +50,6 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 20.0
 #: How long :meth:`EmbeddedBroker.stop` waits after SIGTERM before SIGKILL.
 STOP_GRACE_S = 5.0
-#: How many trailing bytes of the broker log go into error messages.
-LOG_TAIL_BYTES = 4000
-
-
-class BrokerStartError(RuntimeError):
-    """The embedded broker could not be started (binary, port or start-up failure)."""
-
-
-def _free_port(host: str) -> int:
-    """Ask the OS for a currently unused TCP port on *host*.
-
-    There is an unavoidable race between closing this probe socket and the
-    broker binding the port; :meth:`EmbeddedBroker.start` notices a lost race
-    because the broker process then exits early.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def _port_in_use(host: str, port: int) -> bool:
-    """Return True if something already listens on (or has bound) *host*:*port*.
-
-    Binding (rather than connecting) catches both a listening broker and a port
-    bound by a process that is not listening yet.  ``SO_REUSEADDR`` is set so a
-    port left in TIME_WAIT by a broker we just stopped is not reported as taken,
-    matching what the broker itself will be able to do.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def _resolve_binary() -> str:
@@ -136,12 +108,8 @@ class EmbeddedBroker:
         return self._proc is not None and self._proc.poll() is None
 
     def connection_string(self, namespace: str) -> str:
-        """A settlement connection string for this broker and *namespace*.
-
-        ``FetchMaxWaitMs=10`` keeps consumers responsive: Tansu parks a fetch for
-        the whole ``fetch.wait.max.ms`` even when records arrive meanwhile.
-        """
-        return f"Endpoint=kafka://{self.bootstrap};Namespace={namespace};FetchMaxWaitMs=10"
+        """A settlement connection string for this broker and *namespace*."""
+        return f"Endpoint=kafka://{self.bootstrap};Namespace={namespace}"
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -157,8 +125,8 @@ class EmbeddedBroker:
         binary = _resolve_binary()
 
         if self._requested_port == 0:
-            self.port = _free_port(self.host)
-        elif _port_in_use(self.host, self._requested_port):
+            self.port = free_port(self.host)
+        elif port_in_use(self.host, self._requested_port):
             raise BrokerStartError(
                 f"port {self.host}:{self._requested_port} is already in use; "
                 "pick another with --port"
@@ -199,42 +167,15 @@ class EmbeddedBroker:
         return self
 
     def _wait_ready(self, timeout: float) -> None:
-        """Poll the broker with metadata requests until it answers or we give up."""
-        from confluent_kafka.admin import AdminClient
-
+        """Block until the broker answers metadata, or raise with its log tail."""
         assert self._proc is not None
-        admin = AdminClient(
-            {
-                "bootstrap.servers": self.bootstrap,
-                # Keep librdkafka's own reconnect chatter out of the caller's log.
-                "log_level": 0,
-                "socket.connection.setup.timeout.ms": 1000,
-                "reconnect.backoff.ms": 50,
-                "reconnect.backoff.max.ms": 200,
-            }
-        )
-        deadline = time.monotonic() + timeout
-        last_error: BaseException | None = None
-        while True:
-            code = self._proc.poll()
-            if code is not None:
-                raise BrokerStartError(
-                    f"Tansu broker on {self.bootstrap} exited during start-up with code "
-                    f"{code}; log tail:\n{self.log_tail()}"
-                )
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise BrokerStartError(
-                    f"Tansu broker on {self.bootstrap} did not answer metadata within "
-                    f"{timeout:.0f} s (last error: {last_error}); log tail:\n{self.log_tail()}"
-                )
-            try:
-                # Short attempts, so a broker that dies is noticed promptly.
-                admin.list_topics(timeout=min(0.25, max(remaining, 0.05)))
-                return
-            except Exception as exc:  # KafkaException, or a timeout while connecting
-                last_error = exc
-                time.sleep(0.05)
+        proc = self._proc
+
+        def failure() -> str | None:
+            code = proc.poll()
+            return None if code is None else f"exited during start-up with code {code}"
+
+        wait_until_answering(self.bootstrap, 1, timeout, "Tansu broker", failure, self.log_tail)
 
     def stop(self) -> None:
         """Stop the broker: SIGINT, then SIGKILL after :data:`STOP_GRACE_S` seconds.
@@ -276,20 +217,10 @@ class EmbeddedBroker:
 
     def log_tail(self, max_bytes: int = LOG_TAIL_BYTES) -> str:
         """The last *max_bytes* of the broker's output, for error messages."""
-        if self._log_path is None:
-            return "(no log)"
         if self._log_file is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._log_file.flush()
-        try:
-            with open(self._log_path, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                size = fh.tell()
-                fh.seek(max(0, size - max_bytes))
-                text = fh.read().decode("utf-8", "replace")
-        except OSError as exc:
-            return f"(could not read {self._log_path}: {exc})"
-        return text.strip() or "(log is empty)"
+        return log_tail(self._log_path, max_bytes)
 
     def __enter__(self) -> Self:
         return self.start()

@@ -1,16 +1,27 @@
 """The SparkSession of the settlement jobs: local mode here, ``spark-submit``
-on a cluster. PySpark needs Java 17; a missing ``java`` is a clear error."""
+on a cluster. PySpark needs Java 17; a missing ``java`` is a clear error.
+
+Spark's Kafka connector (``spark-sql-kafka-0-10`` of the installed PySpark's
+version) is fetched from Maven Central once, cached like the broker's jars
+(``settlement/jars/spark-kafka/pom.xml``), and passed as ``spark.jars``.
+Without Maven or network the session still starts, and the jobs read through
+the Python source (:mod:`spark.source`)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
 from pathlib import Path
 
+import pyspark
 from pyspark.sql import SparkSession
 
+from settlement._maven import JarFetchError, fetch_jars
 from spark.kafka_source import KafkaSource
+
+log = logging.getLogger(__name__)
 
 #: Quiet start-up: warnings that need action only.
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
@@ -25,7 +36,11 @@ def spark_session(app_name: str = "settlement", master: str = "local[2]") -> Spa
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master.startswith("local"):  # no lookup of the host's name (and no warning about it)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (SparkSession.builder.master(master).appName(app_name)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    jars = kafka_connector_jars()
+    if jars:
+        builder = builder.config("spark.jars", ",".join(jars))
+    spark = (builder
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
@@ -36,3 +51,15 @@ def spark_session(app_name: str = "settlement", master: str = "local[2]") -> Spa
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(KafkaSource)
     return spark
+
+
+def kafka_connector_jars() -> list[str]:
+    """The jars of Spark's Kafka connector for this PySpark, or none (with a
+    warning) where Maven cannot fetch them."""
+    try:
+        directory = fetch_jars("spark-kafka", {"spark.version": pyspark.__version__})
+    except JarFetchError as exc:
+        log.warning("Spark's Kafka connector is unavailable, jobs read through the Python "
+                    "source: %s", exc)
+        return []
+    return sorted(str(jar) for jar in directory.glob("*.jar"))

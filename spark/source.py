@@ -1,17 +1,28 @@
 """Reading Kafka topics as a stream, behind one function.
 
-Spark's official ``kafka`` format is used where its connector is on the
-classpath (real clusters); otherwise the Python source in
-:mod:`spark.kafka_source`. Both give the same columns: key, value, headers,
-topic, partition, offset, timestamp. ``read_kafka`` is the batch twin: every
-record from the start of the topics to their log ends now.
+On Apache Kafka the jobs read through Spark's official ``kafka`` format
+(``spark-sql-kafka-0-10``, put on the classpath by :mod:`spark.session`). It
+takes log ends from ListOffsets, which the embedded broker (Tansu) answers
+wrongly, so there the Python source in :mod:`spark.kafka_source` reads
+instead; which one is chosen follows the broker's profile
+(:mod:`topics.broker_profile`), not a setting. Both give the same columns:
+key, value, headers, topic, partition, offset, timestamp. ``read_kafka`` is
+the batch twin: every record from the start of the topics to their log ends.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession
+import logging
 
+from pyspark.sql import DataFrame, DataFrameReader, SparkSession
+from pyspark.sql.streaming import DataStreamReader
+
+from topics import broker_profile
+
+log = logging.getLogger(__name__)
 COLUMNS = ["key", "value", "headers", "topic", "partition", "offset", "timestamp"]
+#: The Python source's name (registered by :func:`spark.session.spark_session`).
+PYTHON_FORMAT = "settlement_kafka"
 
 
 def kafka_connector_available(spark: SparkSession) -> bool:
@@ -23,28 +34,44 @@ def kafka_connector_available(spark: SparkSession) -> bool:
         return False
 
 
+def kafka_format(spark: SparkSession, bootstrap_servers: str) -> str:
+    """``kafka`` (Spark's connector) where the broker's ListOffsets is exact
+    and the connector is on the classpath, else the Python source."""
+    profile = broker_profile.detect({"bootstrap.servers": bootstrap_servers, "log_level": 0})
+    if not profile.exact_list_offsets:
+        return PYTHON_FORMAT
+    if kafka_connector_available(spark):
+        return "kafka"
+    log.warning("Spark's Kafka connector is not on this session's classpath: reading %s "
+                "through the Python source (build the session with spark.session."
+                "spark_session, or add spark-sql-kafka-0-10 to spark.jars)", bootstrap_servers)
+    return PYTHON_FORMAT
+
+
+def _load(reader: DataFrameReader | DataStreamReader, fmt: str,
+          options: dict[str, str]) -> DataFrame:
+    if fmt == "kafka":
+        return reader.format("kafka").options(**options).option("includeHeaders", "true") \
+            .load().select(*COLUMNS)
+    return reader.format(fmt).options(**options).load()
+
+
 def read_kafka_stream(spark: SparkSession, bootstrap_servers: str, topics: list[str], *,
                       starting_offsets: str = "earliest",
                       max_offsets_per_trigger: int | None = None,
                       fetch_max_wait_ms: int = 100) -> DataFrame:
     """A streaming DataFrame of the records of ``topics``."""
+    fmt = kafka_format(spark, bootstrap_servers)
     options = {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": ",".join(topics),
                "startingOffsets": starting_offsets}
     if max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
-    if kafka_connector_available(spark):
-        frame = (spark.readStream.format("kafka").options(**options)
-                 .option("includeHeaders", "true").load())
-        return frame.select(*COLUMNS)
-    options["fetchMaxWaitMs"] = str(fetch_max_wait_ms)
-    return spark.readStream.format("settlement_kafka").options(**options).load()
+    if fmt == PYTHON_FORMAT:
+        options["fetchMaxWaitMs"] = str(fetch_max_wait_ms)
+    return _load(spark.readStream, fmt, options)
 
 
 def read_kafka(spark: SparkSession, bootstrap_servers: str, topics: list[str]) -> DataFrame:
     """A batch DataFrame of every record of ``topics`` up to their log ends."""
     options = {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": ",".join(topics)}
-    if kafka_connector_available(spark):
-        frame = (spark.read.format("kafka").options(**options)
-                 .option("includeHeaders", "true").load())
-        return frame.select(*COLUMNS)
-    return spark.read.format("settlement_kafka").options(**options).load()
+    return _load(spark.read, kafka_format(spark, bootstrap_servers), options)

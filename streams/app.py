@@ -32,7 +32,8 @@ kafka_tuning.apply(settings)
 namespace = settings.namespace
 # Before Faust starts: it would declare missing topics itself, with the
 # broker's default partition count instead of the namespace's spec.
-specs.provision(AdminClient(settings.kafka_config()), specs.namespace_topics(namespace))
+specs.provision(AdminClient(settings.kafka_config()), specs.namespace_topics(namespace),
+                settings.profile.replication_factor)
 _web_port = os.environ.get("SETTLEMENT_WEB_PORT")
 timer_interval = float(os.environ.get("SETTLEMENT_TIMER_INTERVAL", "0.5"))
 
@@ -43,6 +44,8 @@ app = faust.App(
     datadir=Path(os.environ.get("SETTLEMENT_DATA_DIR", "data/engine")),
     topic_partitions=specs.ENGINE_PARTITIONS,
     topic_allow_declare=True,
+    # The table's changelog gets as many replicas as the namespace's topics.
+    topic_replication_factor=settings.profile.replication_factor,
     autodiscover=False,
     web_enabled=_web_port is not None,
     web_port=int(_web_port or 6066),

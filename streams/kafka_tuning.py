@@ -1,16 +1,18 @@
-"""The two places where the engine overrides Faust's Kafka client behaviour.
+"""The two places where the engine overrides Faust's Kafka client behaviour,
+each only on the broker that needs it (:mod:`topics.broker_profile`).
 
 1. Fetch wait. Faust hard-codes aiokafka's ``fetch_max_wait_ms=1500`` and
-   offers no setting. Real Kafka answers a waiting fetch as soon as data
+   offers no setting. Apache Kafka answers a waiting fetch as soon as data
    arrives, so the wait costs nothing there, but Tansu (the embedded broker)
-   does not: every command would wait 1.5 s. The connection string's
-   ``FetchMaxWaitMs`` is applied here instead.
+   does not: every command would wait 1.5 s. The profile's fetch wait is
+   applied here instead.
 
 2. Changelog high watermarks. Faust recovers a table by reading its changelog
    up to the high watermarks it gets from ListOffsets, which Tansu answers with
    the last batch's base offset + 1. Recovery would then stop early and forget
    the newest window states. :func:`topics.offsets.log_end_offsets` reads them
-   from a fetch response instead.
+   from a fetch response instead. Apache Kafka's answer is exact: Faust's own
+   code stays.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ from topics.offsets import log_end_offsets
 
 
 def apply(settings: ConnectionSettings) -> None:
-    """Install both overrides for the engine process."""
+    """Install the overrides this broker needs, for the engine process."""
+    profile = settings.profile
     thread_cls = faust_aiokafka.AIOKafkaConsumerThread
     create_worker_consumer = thread_cls._create_worker_consumer
 
     def _create_worker_consumer(self: Any, transport: Any) -> Any:
         consumer = create_worker_consumer(self, transport)
-        consumer._fetch_max_wait_ms = settings.fetch_max_wait_ms
+        consumer._fetch_max_wait_ms = profile.fetch_max_wait_ms
         return consumer
 
     async def _highwaters(self: Any, partitions: list[TP]) -> Mapping[TP, int]:
@@ -44,13 +47,15 @@ def apply(settings: ConnectionSettings) -> None:
         return await asyncio.to_thread(_true_highwaters, settings, partitions)
 
     thread_cls._create_worker_consumer = _create_worker_consumer
-    thread_cls._highwaters = _highwaters
+    if not profile.exact_list_offsets:
+        thread_cls._highwaters = _highwaters
 
 
 def _true_highwaters(settings: ConnectionSettings, partitions: list[TP]) -> dict[TP, int]:
     consumer = Consumer(settings.consumer_config(f"highwaters-{uuid.uuid4().hex[:8]}"))
     try:
-        ends = log_end_offsets(consumer, [(tp.topic, tp.partition) for tp in partitions])
+        ends = log_end_offsets(consumer, [(tp.topic, tp.partition) for tp in partitions],
+                               exact=False)
     finally:
         consumer.close()
     return {tp: ends[(tp.topic, tp.partition)] for tp in partitions}

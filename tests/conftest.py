@@ -1,6 +1,10 @@
-"""One embedded broker and one engine worker per test session; tests are
-isolated by unique queue names (and by their own namespace where they need
-their own engine, as the crash tests do)."""
+"""One broker and one engine worker per test session; tests are isolated by
+unique queue names (and by their own namespace where they need their own
+engine, as the crash tests do).
+
+``SETTLEMENT_TEST_BROKER`` picks the broker of the whole session: ``embedded``
+(Tansu, the default) or ``kafka`` (Apache Kafka from Maven Central, one node).
+``make test`` runs the suite once on each."""
 
 from __future__ import annotations
 
@@ -12,19 +16,30 @@ from typing import Any
 import pytest
 
 from settlement import ServiceBusClient
+from settlement.apache_kafka import KafkaCluster
 from settlement.embedded import EmbeddedBroker
 from settlement.management import ServiceBusAdministrationClient
 from streams.process import EngineProcess
+from tests.helpers import TEST_BROKER, Broker
+
+if TEST_BROKER not in ("embedded", "kafka"):
+    raise pytest.UsageError(
+        f"SETTLEMENT_TEST_BROKER must be 'embedded' or 'kafka', not {TEST_BROKER!r}")
+
+
+def pytest_report_header() -> str:
+    return f"broker: {TEST_BROKER} (SETTLEMENT_TEST_BROKER)"
 
 
 @pytest.fixture(scope="session")
-def broker() -> Iterator[EmbeddedBroker]:
-    with EmbeddedBroker() as running:
+def broker() -> Iterator[Broker]:
+    running: Broker = KafkaCluster() if TEST_BROKER == "kafka" else EmbeddedBroker()
+    with running:
         yield running
 
 
 @pytest.fixture(scope="session")
-def engine(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
+def engine(broker: Broker, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[EngineProcess]:
     conn = broker.connection_string(f"t{uuid.uuid4().hex[:8]}")
     process = EngineProcess(conn, tmp_path_factory.mktemp("engine")).start()

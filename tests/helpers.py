@@ -4,6 +4,7 @@ Spark monitor over it."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,14 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from settlement import ServiceBusClient, ServiceBusReceivedMessage
+from settlement.apache_kafka import KafkaCluster
+from settlement.embedded import EmbeddedBroker
 from topics import names, specs
+
+#: The broker of this test session: ``embedded`` (Tansu) or ``kafka`` (Apache Kafka).
+TEST_BROKER = os.environ.get("SETTLEMENT_TEST_BROKER", "embedded")
+#: What the session's ``broker`` fixture is: both start, stop and make connection strings.
+Broker = EmbeddedBroker | KafkaCluster
 
 
 def read_all(client: ServiceBusClient, topic: str, key: bytes, wait_for: Callable[[list], bool],

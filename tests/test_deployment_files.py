@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from settlement.apache_kafka import BROKER_SETTINGS, KAFKA_VERSION, replication_settings
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
@@ -132,6 +134,16 @@ def test_kafka_runs_in_kraft_mode(services: dict[str, dict[str, Any]]) -> None:
         "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR",
     ):
         assert env[key] == "1", f"{key}={env[key]!r}: a single node cannot hold more replicas"
+
+
+def test_kafka_has_the_version_and_settings_of_the_tests(
+        services: dict[str, dict[str, Any]]) -> None:
+    _, kafka = _kafka(services)
+    assert kafka["image"] == f"apache/kafka:{KAFKA_VERSION}"
+    env = _env(kafka)
+    expected = {**BROKER_SETTINGS, **replication_settings(1)}  # the tests' one-node cluster
+    found = {key: env.get("KAFKA_" + key.upper().replace(".", "_")) for key in expected}
+    assert found == expected
 
 
 def test_no_zookeeper_anywhere(compose: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from settlement.broker_cli import run_broker
 from settlement.embedded import BrokerStartError, EmbeddedBroker
+from topics.connection import parse_connection_string
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,10 +66,14 @@ def test_broker_answers_metadata(broker: EmbeddedBroker) -> None:
     assert advertised == [("127.0.0.1", broker.port)]
 
 
-def test_connection_string_names_bootstrap_and_short_fetch_wait(broker: EmbeddedBroker) -> None:
-    assert broker.connection_string("orders") == (
-        f"Endpoint=kafka://127.0.0.1:{broker.port};Namespace=orders;FetchMaxWaitMs=10"
-    )
+def test_connection_string_has_no_tuning_and_the_profile_is_detected(
+        broker: EmbeddedBroker) -> None:
+    conn = broker.connection_string("orders")
+    assert conn == f"Endpoint=kafka://127.0.0.1:{broker.port};Namespace=orders"
+    profile = parse_connection_string(conn).profile
+    assert profile.kind == "embedded" and profile.fetch_max_wait_ms == 10
+    assert not (profile.exact_list_offsets or profile.compacts or profile.deletes_records
+                or profile.transactions)
 
 
 def test_second_broker_on_same_port_is_refused(broker: EmbeddedBroker) -> None:

@@ -14,17 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from settlement import ServiceBusClient, ServiceBusMessage
-from settlement.embedded import EmbeddedBroker
 from settlement.exceptions import MessageLockLostError, ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
 from spark.audit import run_audit
 from streams.process import EngineProcess
+from tests.helpers import Broker
 
 TOTAL = 400
 
 
 def test_kill_9_mid_stream_then_restart_loses_nothing_and_completes_nothing_twice(
-        broker: EmbeddedBroker, tmp_path: Path, spark: Any) -> None:
+        broker: Broker, tmp_path: Path, spark: Any) -> None:
     conn = broker.connection_string(f"crash{uuid.uuid4().hex[:6]}")
     engine = EngineProcess(conn, tmp_path).start()
     admin = ServiceBusAdministrationClient.from_connection_string(conn)

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from settlement import ServiceBusClient, ServiceBusMessage
-from settlement.embedded import EmbeddedBroker
 from settlement.management import ServiceBusAdministrationClient
 from spark.audit import run_audit
 from streams.process import ROOT, EngineProcess
+from tests.helpers import Broker
 
 QUEUES = [f"q{i}" for i in range(6)]
 
@@ -43,7 +43,7 @@ def assigned_partitions(engine: EngineProcess) -> set[int]:
 
 
 def test_two_workers_share_the_namespace_and_survive_one_stopping(
-        broker: EmbeddedBroker, tmp_path: Path, spark: Any) -> None:
+        broker: Broker, tmp_path: Path, spark: Any) -> None:
     conn = broker.connection_string(f"pair{uuid.uuid4().hex[:6]}")
     first = EngineProcess(conn, tmp_path / "one").start()
     second = EngineProcess(conn, tmp_path / "two").start()
@@ -79,7 +79,7 @@ def test_two_workers_share_the_namespace_and_survive_one_stopping(
         second.stop()
 
 
-def test_faust_cli_runs_the_same_engine(broker: EmbeddedBroker, tmp_path: Path) -> None:
+def test_faust_cli_runs_the_same_engine(broker: Broker, tmp_path: Path) -> None:
     """``faust -A streams.app worker`` is the same engine as ``settlement worker``."""
     conn = broker.connection_string(f"faust{uuid.uuid4().hex[:6]}")
     env = {**os.environ, "SETTLEMENT_CONNECTION_STRING": conn,

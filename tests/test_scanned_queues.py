@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
-from settlement.embedded import EmbeddedBroker
 from settlement.management import ServiceBusAdministrationClient
 from spark.audit import run_audit
 from streams.process import EngineProcess
-from tests.helpers import drain_ids, last_state
+from tests.helpers import Broker, drain_ids, last_state
 
 
 def test_second_send_of_a_message_id_is_acknowledged_but_never_delivered(
@@ -33,7 +32,7 @@ def test_second_send_of_a_message_id_is_acknowledged_but_never_delivered(
 
 
 def test_duplicate_history_and_scheduled_messages_survive_an_engine_crash(
-        broker: EmbeddedBroker, tmp_path: Path, spark: Any) -> None:
+        broker: Broker, tmp_path: Path, spark: Any) -> None:
     conn = broker.connection_string(f"dup{uuid.uuid4().hex[:6]}")
     engine = EngineProcess(conn, tmp_path).start()
     try:

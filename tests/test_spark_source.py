@@ -1,4 +1,5 @@
-"""The Kafka source behind spark.source.read_kafka_stream, with real Spark."""
+"""The Kafka source behind spark.source.read_kafka_stream, with real Spark:
+Spark's own connector on Apache Kafka, the Python source on the embedded broker."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from settlement.embedded import EmbeddedBroker
-from spark.source import COLUMNS, kafka_connector_available, read_kafka_stream
+from spark.source import COLUMNS, PYTHON_FORMAT, kafka_format, read_kafka_stream
+from tests.helpers import TEST_BROKER, Broker
 
 pyspark = pytest.importorskip("pyspark")
 
 
-def make_topic(broker: EmbeddedBroker, records: int, partitions: int = 2) -> str:
+def make_topic(broker: Broker, records: int, partitions: int = 2) -> str:
     topic = f"spark-src-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
@@ -23,7 +24,7 @@ def make_topic(broker: EmbeddedBroker, records: int, partitions: int = 2) -> str
     return topic
 
 
-def produce(broker: EmbeddedBroker, topic: str, first: int, count: int) -> None:
+def produce(broker: Broker, topic: str, first: int, count: int) -> None:
     producer = Producer({"bootstrap.servers": broker.bootstrap})
     for i in range(first, first + count):
         producer.produce(topic, f"value-{i}".encode(), key=f"k{i % 7}".encode(),
@@ -31,7 +32,7 @@ def produce(broker: EmbeddedBroker, topic: str, first: int, count: int) -> None:
     assert producer.flush(10) == 0
 
 
-def consumed(broker: EmbeddedBroker, topic: str, partitions: int = 2) -> set[tuple]:
+def consumed(broker: Broker, topic: str, partitions: int = 2) -> set[tuple]:
     """What a plain consumer reads: (partition, offset, key, value, headers)."""
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "check",
                          "enable.auto.commit": False, "fetch.wait.max.ms": 10})
@@ -46,7 +47,7 @@ def consumed(broker: EmbeddedBroker, topic: str, partitions: int = 2) -> set[tup
     return rows
 
 
-def run_available_now(spark: object, broker: EmbeddedBroker, topic: str, out: Path,
+def run_available_now(spark: object, broker: Broker, topic: str, out: Path,
                       **options: object) -> list[int]:
     """Stream ``topic`` into Parquet at ``out`` until caught up; micro-batch sizes."""
     sizes: list[int] = []
@@ -70,9 +71,10 @@ def rows_of(spark: object, out: Path) -> list[tuple]:
              tuple((h.key, bytes(h.value)) for h in r.headers)) for r in frame.collect()]
 
 
-def test_python_source_reads_what_a_plain_consumer_reads(
-        spark: object, broker: EmbeddedBroker, tmp_path: Path) -> None:
-    assert not kafka_connector_available(spark)  # the jar is not here: the Python source
+def test_the_source_reads_what_a_plain_consumer_reads(
+        spark: object, broker: Broker, tmp_path: Path) -> None:
+    expected = "kafka" if TEST_BROKER == "kafka" else PYTHON_FORMAT
+    assert kafka_format(spark, broker.bootstrap) == expected  # type: ignore[arg-type]
     topic = make_topic(broker, 300)
     run_available_now(spark, broker, topic, tmp_path)
     rows = rows_of(spark, tmp_path)
@@ -82,7 +84,7 @@ def test_python_source_reads_what_a_plain_consumer_reads(
 
 
 def test_restart_from_checkpoint_reads_on_without_loss_or_double_reads(
-        spark: object, broker: EmbeddedBroker, tmp_path: Path) -> None:
+        spark: object, broker: Broker, tmp_path: Path) -> None:
     topic = make_topic(broker, 120)
     run_available_now(spark, broker, topic, tmp_path)
     produce(broker, topic, 120, 80)
@@ -92,14 +94,14 @@ def test_restart_from_checkpoint_reads_on_without_loss_or_double_reads(
 
 
 def test_max_offsets_per_trigger_caps_each_micro_batch(
-        spark: object, broker: EmbeddedBroker, tmp_path: Path) -> None:
+        spark: object, broker: Broker, tmp_path: Path) -> None:
     topic = make_topic(broker, 200)
     sizes = run_available_now(spark, broker, topic, tmp_path, max_offsets_per_trigger=50)
     assert sum(sizes) == 200 and max(sizes) <= 50 and len(sizes) >= 4
 
 
 def test_starting_offsets_latest_skips_what_is_there(
-        spark: object, broker: EmbeddedBroker, tmp_path: Path) -> None:
+        spark: object, broker: Broker, tmp_path: Path) -> None:
     topic = make_topic(broker, 50)
     sizes = run_available_now(spark, broker, topic, tmp_path, starting_offsets="latest")
     assert sum(sizes) == 0

@@ -3,11 +3,12 @@
 The shape follows Service Bus connection strings so that ported code only
 changes the string. Optional keys:
 
-* ``FetchMaxWaitMs``: how long a fetch may wait for data. Real Kafka answers a
-  waiting fetch as soon as data arrives, so the default (500 ms) costs nothing
-  there; the embedded broker (Tansu) does not, so its profile sets 10 ms.
 * ``SecurityProtocol``, ``SaslMechanism``, ``SaslUsername``, ``SaslPassword``,
   ``SslCaLocation``: passed to Kafka clients as their librdkafka names.
+
+Nothing in the string tunes for a broker: what differs between Apache Kafka
+and the embedded broker is detected (:mod:`topics.broker_profile`). The
+``FetchMaxWaitMs`` key of earlier versions is accepted and ignored.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
+from topics import broker_profile
 from topics.names import validate_namespace
 
 _SECURITY_KEYS = {
@@ -40,8 +43,12 @@ class ConnectionSettings:
 
     bootstrap_servers: str
     namespace: str
-    fetch_max_wait_ms: int = 500
     security: dict[str, str] = field(default_factory=dict)
+
+    @cached_property
+    def profile(self) -> broker_profile.BrokerProfile:
+        """What the broker can do, asked once (per process and bootstrap list)."""
+        return broker_profile.detect({**self.kafka_config(), "log_level": 0})
 
     def kafka_config(self) -> dict[str, Any]:
         """librdkafka settings every client of this namespace starts from. Its
@@ -57,15 +64,14 @@ class ConnectionSettings:
             "group.id": group_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
-            "fetch.wait.max.ms": self.fetch_max_wait_ms,
-            "fetch.error.backoff.ms": min(self.fetch_max_wait_ms, 100),
+            "fetch.wait.max.ms": self.profile.fetch_max_wait_ms,
+            "fetch.error.backoff.ms": min(self.profile.fetch_max_wait_ms, 100),
             "auto.offset.reset": "earliest",
         }
 
     def to_string(self) -> str:
         """The connection string that parses back to these settings."""
         parts = [f"Endpoint=kafka://{self.bootstrap_servers}", f"Namespace={self.namespace}"]
-        parts.append(f"FetchMaxWaitMs={self.fetch_max_wait_ms}")
         inverse = {v: k for k, v in _SECURITY_KEYS.items()}
         parts += [f"{inverse[k]}={v}" for k, v in self.security.items()]
         return ";".join(parts)
@@ -95,10 +101,11 @@ def parse_connection_string(conn_str: str) -> ConnectionSettings:
         raise ConnectionStringError(f"Endpoint needs HOST:PORT pairs, got {bad or endpoint!r}")
     namespace = values.pop("namespace", "")
     validate_namespace(namespace)
-    fetch_wait = values.pop("fetchmaxwaitms", "500")
-    if not fetch_wait.isdigit() or not 1 <= int(fetch_wait) <= 10_000:
-        raise ConnectionStringError(f"FetchMaxWaitMs must be 1..10000 ms, got {fetch_wait!r}")
+    if values.pop("fetchmaxwaitms", None) is not None:
+        logging.getLogger(__name__).info(
+            "FetchMaxWaitMs in the connection string is ignored: the broker's fetch "
+            "behaviour is detected")
     security = {_SECURITY_KEYS[k]: values.pop(k) for k in list(values) if k in _SECURITY_KEYS}
     if values:
         raise ConnectionStringError(f"unknown connection string keys: {sorted(values)}")
-    return ConnectionSettings(",".join(hosts), namespace, int(fetch_wait), security)
+    return ConnectionSettings(",".join(hosts), namespace, security)

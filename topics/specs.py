@@ -55,13 +55,16 @@ def entity_topics(namespace: str, entity: str, partitions: int) -> list[TopicSpe
                       {"cleanup.policy": "delete", "retention.ms": "-1"})]
 
 
-def provision(admin: AdminClient, specs: list[TopicSpec], timeout: float = 15.0) -> None:
+def provision(admin: AdminClient, specs: list[TopicSpec], replication_factor: int,
+              timeout: float = 15.0) -> None:
     """Create the topics that are missing; check the partition count of the rest.
 
-    Idempotent: running it twice, or from two processes at once, is harmless.
+    ``replication_factor`` comes from the broker profile (up to three replicas,
+    one per broker). Idempotent: running it twice, or from two processes at
+    once, is harmless.
     """
     futures = admin.create_topics(
-        [NewTopic(s.name, s.partitions, 1, config=s.config) for s in specs],
+        [NewTopic(s.name, s.partitions, replication_factor, config=s.config) for s in specs],
         operation_timeout=timeout, request_timeout=timeout,
     )
     existing: list[TopicSpec] = []

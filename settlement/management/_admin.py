@@ -50,13 +50,14 @@ class ServiceBusAdministrationClient:
         """Create the queue's log and definition; raise if it exists."""
         names.validate_entity(queue_name)
         props = _validated(QueueProperties(queue_name, **_as_timedeltas(kwargs)))
-        specs.provision(self._admin, specs.namespace_topics(self._settings.namespace))
+        replicas = self._settings.profile.replication_factor
+        specs.provision(self._admin, specs.namespace_topics(self._settings.namespace), replicas)
         if queue_name in self._registry.load():
             raise MessagingEntityAlreadyExistsError(
                 f"queue {queue_name!r} already exists in namespace "
                 f"{self._settings.namespace!r}: use get_queue, or delete_queue first")
         specs.provision(self._admin, specs.entity_topics(
-            self._settings.namespace, queue_name, props.partition_count))
+            self._settings.namespace, queue_name, props.partition_count), replicas)
         self._registry.put(props, queue_name)
         if props.policy().scanned:
             self._open_windows(props)
@@ -93,12 +94,13 @@ class ServiceBusAdministrationClient:
             fut.result()
 
     def get_queue_runtime_properties(self, queue_name: str) -> QueueRuntimeProperties:
-        """Counts from the engine, against log ends read from fetch responses."""
+        """Counts from the engine, against the log ends."""
         props = self._registry.get(queue_name, fresh=True)
         topic = names.entity_log(self._settings.namespace, queue_name)
         consumer = Consumer(self._settings.consumer_config(f"admin-{uuid.uuid4().hex[:12]}"))
         try:
-            ends = log_end_offsets(consumer, [(topic, p) for p in range(props.partition_count)])
+            ends = log_end_offsets(consumer, [(topic, p) for p in range(props.partition_count)],
+                                   exact=self._settings.profile.exact_list_offsets)
         finally:
             consumer.close()
         link = self._engine()

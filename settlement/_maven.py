@@ -1,0 +1,79 @@
+"""Jars from Maven Central, fetched once and cached outside the work tree.
+
+Apache Kafka's broker and Spark's Kafka connector are JVM code published to
+Maven Central. Each set is described by a ``pom.xml`` under
+``settlement/jars/<name>/`` and copied with Maven's own
+``dependency:copy-dependencies`` into ``<cache>/<name>-<version>/``, so
+Maven resolves the transitive dependencies and its ``~/.m2`` cache is reused.
+A finished copy is renamed into place, so a crash or a parallel run never
+leaves a half-filled directory that looks complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+POMS = Path(__file__).resolve().parent / "jars"
+
+
+class JarFetchError(RuntimeError):
+    """Java or Maven is missing, or Maven could not fetch the jars; says what to do."""
+
+
+def cache_dir() -> Path:
+    """``$SETTLEMENT_CACHE_DIR``, else ``$XDG_CACHE_HOME/kafka-settlement`` (``~/.cache``)."""
+    explicit = os.environ.get("SETTLEMENT_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "kafka-settlement"
+
+
+def require_java() -> str:
+    """The ``java`` executable, or a :class:`JarFetchError` saying what to install."""
+    java = shutil.which("java")
+    if java is None:
+        raise JarFetchError("Java 17 is required to run Apache Kafka and Spark: "
+                            "install it (Debian: 'apt-get install openjdk-17-jre-headless')")
+    return java
+
+
+def fetch_jars(name: str, properties: dict[str, str]) -> Path:
+    """The directory of jars for ``settlement/jars/<name>/pom.xml`` with
+    ``properties`` (e.g. ``{"kafka.version": "4.4.0"}``), fetched on first use."""
+    version = "-".join(properties.values())
+    target = cache_dir() / f"{name}-{version}"
+    if (target / ".complete").exists():
+        return target
+    require_java()
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise JarFetchError(f"Maven is required to fetch {name} {version} from Maven Central: "
+                            "install it (Debian: 'apt-get install maven'; 'make' does this)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    defines = [f"-D{key}={value}" for key, value in properties.items()]
+    command = [mvn, "-q", "-B", "-f", str(POMS / name / "pom.xml"), *defines,
+               "dependency:copy-dependencies", "-DincludeScope=runtime",
+               f"-DoutputDirectory={staging}"]
+    log.info("fetching %s %s from Maven Central into %s", name, version, target)
+    done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise JarFetchError(
+            f"Maven could not fetch {name} {version} from Maven Central (exit "
+            f"{done.returncode}); check the network or the proxy in ~/.m2/settings.xml, and "
+            f"that version {version} exists. Maven said:\n{tail}")
+    (staging / ".complete").touch()
+    try:
+        staging.rename(target)
+    except OSError:  # a parallel run finished first; its copy is as good as ours
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

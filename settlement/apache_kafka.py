@@ -1,0 +1,322 @@
+"""Apache Kafka on this machine, from its Maven Central jars: one combined
+broker+controller, or three on loopback.
+
+Users deploy on Apache Kafka, so the tests, the bench and the Spark jobs run
+on it too, without Docker: :class:`KafkaCluster` fetches the broker's jars
+once (``settlement/jars/kafka/pom.xml``, cached outside the work tree),
+formats KRaft storage once per data directory (``kafka.tools.StorageTool``)
+and runs ``kafka.Kafka`` per node::
+
+    with KafkaCluster(brokers=3) as cluster:
+        conn = cluster.connection_string("shop")
+
+A cluster started again on the same ``data_dir`` is the same cluster with its
+data: the cluster id and every node's ports are kept in ``cluster.json``.
+
+Every node is broker and controller at once (``controller.quorum.voters`` lists
+them all), so one or three processes make a complete cluster. The settings in
+:data:`BROKER_SETTINGS` are those of every Kafka the project runs; the
+``docker-compose.yml`` deployment uses them too (a test compares them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from settlement._local_broker import (
+    BrokerStartError,
+    free_port,
+    log_tail,
+    port_in_use,
+    wait_until_answering,
+)
+from settlement._maven import fetch_jars, require_java
+
+log = logging.getLogger(__name__)
+
+#: The newest Apache Kafka 4.x release on Maven Central when this was written;
+#: share groups (KIP-932) are generally available from 4.2.
+KAFKA_VERSION = "4.4.0"
+#: The settings of every Apache Kafka the project runs, whatever its size.
+BROKER_SETTINGS = {
+    # Topics are created by the settlement layer with explicit partition
+    # counts and configs; a typo must fail loudly, not create a topic.
+    "auto.create.topics.enable": "false",
+    # Groups form at once: engines and tests must not wait 3 s per join.
+    "group.initial.rebalance.delay.ms": "0",
+}
+START_TIMEOUT_S = 90.0
+STOP_GRACE_S = 30.0
+_HOST = "127.0.0.1"
+_JVM_OPTIONS = [
+    # As in Kafka's bin/kafka-run-class.sh, with a heap sized for a test machine.
+    "-Xms256m", "-Xmx512m", "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent",
+    "-Djava.awt.headless=true",
+]
+_LOG4J = """\
+# The broker's own log, to stdout (redirected to the node's server.log).
+rootLogger.level = WARN
+rootLogger.appenderRef.stdout.ref = STDOUT
+appender.stdout.type = Console
+appender.stdout.name = STDOUT
+appender.stdout.layout.type = PatternLayout
+appender.stdout.layout.pattern = [%d] %p %m (%c)%n
+logger.server.name = kafka.server.KafkaRaftServer
+logger.server.level = INFO
+"""
+
+
+def replication_settings(brokers: int) -> dict[str, str]:
+    """Replication of internal topics and the topic default: three replicas and
+    two in sync on a 3-node cluster, one on a single node."""
+    replicas, in_sync = str(min(3, brokers)), str(min(2, brokers))
+    return {
+        "default.replication.factor": replicas,
+        "min.insync.replicas": in_sync,
+        "offsets.topic.replication.factor": replicas,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": in_sync,
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": in_sync,
+    }
+
+
+@dataclass
+class KafkaNode:
+    """One ``kafka.Kafka`` process: broker and controller with id ``node_id``."""
+
+    node_id: int
+    port: int
+    controller_port: int
+    directory: Path
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "server.log"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, f"node {self.node_id} was never started"
+        return self.proc.pid
+
+
+class KafkaCluster:
+    """An Apache Kafka cluster of ``brokers`` local nodes (1 or 3) that lives
+    as long as this object is started. ``port`` is the first node's client
+    port (the others follow it); 0 picks free ports. Without ``data_dir`` the
+    data lives in a temporary directory removed by :meth:`stop`."""
+
+    def __init__(self, brokers: int = 1, port: int = 0, data_dir: str | os.PathLike[str] | None
+                 = None, version: str = KAFKA_VERSION) -> None:
+        if brokers not in (1, 3):
+            raise ValueError(f"brokers must be 1 or 3, got {brokers}")
+        self.brokers = brokers
+        self.version = version
+        self._requested_port = port
+        self._owns_data = data_dir is None
+        self._data_dir = Path(data_dir) if data_dir is not None else None
+        self.nodes: list[KafkaNode] = []
+        self._jars: Path | None = None
+
+    # -- properties -----------------------------------------------------------------
+
+    @property
+    def bootstrap(self) -> str:
+        """``bootstrap.servers`` for clients: every node's ``HOST:PORT``."""
+        return ",".join(f"{_HOST}:{node.port}" for node in self.nodes)
+
+    @property
+    def data_dir(self) -> Path:
+        assert self._data_dir is not None, "the cluster was never started"
+        return self._data_dir
+
+    @property
+    def running(self) -> bool:
+        """True while every node runs."""
+        return bool(self.nodes) and all(node.running for node in self.nodes)
+
+    def connection_string(self, namespace: str) -> str:
+        """A settlement connection string for this cluster and *namespace*."""
+        return f"Endpoint=kafka://{self.bootstrap};Namespace={namespace}"
+
+    def node(self, node_id: int) -> KafkaNode:
+        return next(node for node in self.nodes if node.node_id == node_id)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> Self:
+        """Fetch the jars, format new storage, start every node and wait until
+        all of them are registered; :class:`BrokerStartError` says why not."""
+        if self.running:
+            raise BrokerStartError(f"Kafka cluster already running on {self.bootstrap}")
+        self._jars = fetch_jars("kafka", {"kafka.version": self.version})
+        if self._data_dir is None:
+            self._data_dir = Path(tempfile.mkdtemp(prefix="kafka-cluster-"))
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        cluster_id = self._load_or_lay_out()
+        try:
+            for node in self.nodes:
+                self._write_config(node)
+                if not (node.directory / "data" / "meta.properties").exists():
+                    self._format(node, cluster_id)
+            for node in self.nodes:
+                self.start_node(node.node_id, wait=False)
+            self._wait_ready(self.brokers)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("Apache Kafka %s ready on %s", self.version, self.bootstrap)
+        return self
+
+    def start_node(self, node_id: int, wait: bool = True) -> None:
+        """Start one node (again, after :meth:`kill_node`) on its data."""
+        node = self.node(node_id)
+        if node.running:
+            return
+        for port in (node.port, node.controller_port):
+            if port_in_use(_HOST, port):
+                raise BrokerStartError(f"port {_HOST}:{port} of Kafka node {node_id} is in "
+                                       "use: stop what holds it, or use another --data-dir")
+        command = [require_java(), *_JVM_OPTIONS,
+                   f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+                   "-cp", f"{self._jars}/*", "kafka.Kafka",
+                   str(node.directory / "server.properties")]
+        with open(node.log_path, "ab") as out:
+            node.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        log.info("started Kafka node %d (pid %d, port %d)", node_id, node.pid, node.port)
+        if wait:
+            self._wait_ready(self.brokers)
+
+    def kill_node(self, node_id: int) -> None:
+        """``kill -9`` one node: no controlled shutdown, no flush."""
+        node = self.node(node_id)
+        if node.proc is not None and node.proc.poll() is None:
+            node.proc.kill()
+            node.proc.wait()
+
+    def stop(self) -> None:
+        """SIGTERM every node (a controlled shutdown), SIGKILL after
+        :data:`STOP_GRACE_S` seconds. Safe to call more than once."""
+        live = [node for node in self.nodes if node.running]
+        for node in live:
+            assert node.proc is not None
+            node.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for node in live:
+            assert node.proc is not None
+            try:
+                node.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("Kafka node %d did not stop in %.0f s; killing it",
+                            node.node_id, STOP_GRACE_S)
+                node.proc.kill()
+                node.proc.wait()
+        if self._owns_data and self._data_dir is not None:
+            shutil.rmtree(self._data_dir, ignore_errors=True)
+            self._data_dir = None
+
+    def log_tail(self) -> str:
+        """The end of every node's log, for error messages."""
+        return "\n".join(f"--- node {node.node_id} ({node.log_path})\n"
+                         f"{log_tail(node.log_path, 2000)}" for node in self.nodes)
+
+    # -- internals ------------------------------------------------------------------
+
+    def _load_or_lay_out(self) -> str:
+        """The cluster id and nodes kept in ``cluster.json``, or a new layout."""
+        layout_path = self.data_dir / "cluster.json"
+        if layout_path.exists():
+            layout = json.loads(layout_path.read_text())
+            ports = [node["port"] for node in layout["nodes"]]
+            if len(layout["nodes"]) != self.brokers:
+                raise BrokerStartError(
+                    f"{self.data_dir} holds a cluster of {len(layout['nodes'])} node(s), not "
+                    f"{self.brokers}: pass --brokers {len(layout['nodes'])} or another --data-dir")
+            if self._requested_port not in (0, ports[0]):
+                raise BrokerStartError(
+                    f"{self.data_dir} holds a cluster on port {ports[0]}, not "
+                    f"{self._requested_port}: pass --port {ports[0]} or another --data-dir")
+        else:
+            first = self._requested_port
+            layout = {"cluster_id": self._random_cluster_id(), "nodes": [
+                {"node_id": i + 1, "port": first + i if first else free_port(_HOST),
+                 "controller_port": free_port(_HOST)} for i in range(self.brokers)]}
+            layout_path.write_text(json.dumps(layout, indent=2))
+        self.nodes = [KafkaNode(n["node_id"], n["port"], n["controller_port"],
+                                self.data_dir / f"node-{n['node_id']}") for n in layout["nodes"]]
+        (self.data_dir / "log4j2.properties").write_text(_LOG4J)
+        return str(layout["cluster_id"])
+
+    def _write_config(self, node: KafkaNode) -> None:
+        voters = ",".join(f"{n.node_id}@{_HOST}:{n.controller_port}" for n in self.nodes)
+        config = {
+            "process.roles": "broker,controller",
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": f"PLAINTEXT://{_HOST}:{node.port},CONTROLLER://{_HOST}:"
+                         f"{node.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{_HOST}:{node.port}",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(node.directory / "data"),
+            **replication_settings(self.brokers),
+            **BROKER_SETTINGS,
+        }
+        node.directory.mkdir(parents=True, exist_ok=True)
+        (node.directory / "server.properties").write_text(
+            "".join(f"{key}={value}\n" for key, value in config.items()))
+
+    def _format(self, node: KafkaNode, cluster_id: str) -> None:
+        done = self._storage_tool("format", "-t", cluster_id, "-c",
+                                  str(node.directory / "server.properties"))
+        log.info("formatted KRaft storage of node %d: %s", node.node_id, done.strip())
+
+    def _random_cluster_id(self) -> str:
+        return self._storage_tool("random-uuid").strip().splitlines()[-1]
+
+    def _storage_tool(self, *args: str) -> str:
+        done = subprocess.run([require_java(), "-cp", f"{self._jars}/*", "kafka.tools.StorageTool",
+                               *args], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise BrokerStartError(f"kafka.tools.StorageTool {args[0]} failed (exit "
+                                   f"{done.returncode}): {(done.stderr or done.stdout).strip()}")
+        return done.stdout
+
+    def _wait_ready(self, brokers: int) -> None:
+        def failure() -> str | None:
+            dead = [f"node {n.node_id} exited with code {n.proc.returncode}"
+                    for n in self.nodes if n.proc is not None and n.proc.poll() is not None]
+            return "; ".join(dead) or None
+
+        wait_until_answering(self.bootstrap, brokers, START_TIMEOUT_S,
+                             f"Apache Kafka {self.version}", failure, self.log_tail)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"KafkaCluster({self.brokers} node(s), {self.bootstrap!r}, {state})"

@@ -1,0 +1,193 @@
+"""Apache Kafka from Maven Central: ``settlement kafka``, the detected broker
+profile, and what real Kafka has that the embedded broker lacks (compaction).
+
+These run in the Apache Kafka session (``SETTLEMENT_TEST_BROKER=kafka``); the
+embedded session skips them, since they start or need Apache Kafka."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
+
+from settlement._maven import JarFetchError, fetch_jars
+from settlement.apache_kafka import KafkaCluster
+from settlement.management import ServiceBusAdministrationClient
+from tests.helpers import TEST_BROKER, Broker
+from topics import names
+from topics.connection import parse_connection_string
+
+pytestmark = pytest.mark.skipif(
+    TEST_BROKER != "kafka", reason="Apache Kafka only: the embedded broker (Tansu) has no "
+    "KRaft cluster to start, no compaction and no broker configuration to describe")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _read_line(proc: subprocess.Popen[str], deadline: float) -> str:
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line:
+            return line.strip()
+        if proc.poll() is not None:
+            break
+    raise AssertionError(f"no output from settlement kafka (exit {proc.poll()})")
+
+
+def _start_cli(data_dir: Path) -> tuple[subprocess.Popen[str], list[str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "settlement.cli", "kafka", "--brokers", "3", "--port", "0",
+         "--data-dir", str(data_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    lines = [_read_line(proc, deadline) for _ in range(4)]
+    return proc, lines
+
+
+def _stop_cli(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+
+
+def test_settlement_kafka_runs_three_nodes_and_restarts_them_on_their_data(
+        tmp_path: Path) -> None:
+    proc, lines = _start_cli(tmp_path)
+    try:
+        nodes = [line.split() for line in lines[:3]]
+        assert [n[:2] for n in nodes] == [["node", "1:"], ["node", "2:"], ["node", "3:"]]
+        pids = [int(n[3]) for n in nodes]
+        ports = [int(n[5]) for n in nodes]
+        assert lines[3] == "bootstrap: " + ",".join(f"127.0.0.1:{p}" for p in ports)
+        bootstrap = lines[3].split()[1]
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic("kept", 1)])["kept"].result(30)
+        partition = admin.list_topics("kept", timeout=10).topics["kept"].partitions[0]
+        assert sorted(partition.replicas) == [1, 2, 3]
+        resource = ConfigResource(ConfigResource.Type.TOPIC, "kept")
+        config = admin.describe_configs([resource])[resource].result(10)
+        assert config["min.insync.replicas"].value == "2"
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+        for i in range(100):
+            producer.produce("kept", f"m{i}".encode())
+        assert producer.flush(30) == 0
+    finally:
+        _stop_cli(proc)
+    for pid in pids:  # every node stopped with the command
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+    proc, lines = _start_cli(tmp_path)
+    try:
+        assert lines[3] == f"bootstrap: {bootstrap}"  # same ports, same cluster
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "check"})
+        consumer.assign([TopicPartition("kept", 0, 0)])
+        values: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(values) < 100 and time.monotonic() < deadline:
+            values += [m.value() for m in consumer.consume(100, timeout=1) if not m.error()]
+        consumer.close()
+        assert values == [f"m{i}".encode() for i in range(100)]
+    finally:
+        _stop_cli(proc)
+
+
+def test_a_data_dir_keeps_its_cluster_shape(tmp_path: Path) -> None:
+    (tmp_path / "cluster.json").write_text(
+        '{"cluster_id": "x", "nodes": [{"node_id": 1, "port": 1, "controller_port": 2}]}')
+    done = subprocess.run([sys.executable, "-m", "settlement.cli", "kafka", "--brokers", "3",
+                           "--data-dir", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2
+    assert "holds a cluster of 1 node(s), not 3: pass --brokers 1" in done.stderr
+
+
+def test_missing_maven_or_java_says_what_to_install(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SETTLEMENT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither java nor mvn on it
+    with pytest.raises(JarFetchError, match="apt-get install openjdk-17-jre-headless"):
+        fetch_jars("kafka", {"kafka.version": "4.4.0"})
+    java = tmp_path / "java"
+    java.symlink_to(subprocess.check_output(["sh", "-c", "command -v java"],
+                                            env={"PATH": os.defpath + ":/usr/bin"},
+                                            text=True).strip())
+    with pytest.raises(JarFetchError, match="apt-get install maven"):
+        fetch_jars("kafka", {"kafka.version": "4.4.0"})
+
+
+def test_a_version_maven_central_lacks_is_a_clear_error(tmp_path: Path) -> None:
+    cluster = KafkaCluster(version="4.99.0", data_dir=tmp_path)
+    with pytest.raises(JarFetchError, match="could not fetch kafka 4.99.0 from Maven Central"):
+        cluster.start()
+
+
+def test_the_profile_of_apache_kafka_is_detected(broker: Broker) -> None:
+    profile = parse_connection_string(broker.connection_string("any")).profile
+    assert profile.kind == "apache-kafka"
+    assert profile.wakes_waiting_fetches and profile.exact_list_offsets
+    assert profile.compacts and profile.deletes_records and profile.transactions
+    assert profile.fetch_max_wait_ms == 500 and profile.replication_factor == 1
+
+
+def _fast_compaction(admin: AdminClient, topic: str) -> None:
+    """Roll segments at once and clean at the cleaner's next pass (the
+    production settings keep segments longer; compaction is the same)."""
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+        for name, value in {"segment.ms": "100", "min.cleanable.dirty.ratio": "0.001",
+                            "min.compaction.lag.ms": "0"}.items()])
+    admin.incremental_alter_configs([resource])[resource].result(10)
+
+
+def test_state_and_definition_topics_really_compact(broker: Broker) -> None:
+    conn = broker.connection_string(f"c{uuid.uuid4().hex[:8]}")
+    with ServiceBusAdministrationClient.from_connection_string(conn) as admin:
+        admin.create_queue("orders")  # provisions the namespace's topics
+    settings = parse_connection_string(conn)
+    topics = [names.state(settings.namespace), names.entities(settings.namespace)]
+    kafka_admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+    for topic in topics:
+        resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        config = kafka_admin.describe_configs([resource])[resource].result(10)
+        assert config["cleanup.policy"].value == "compact"
+        _fast_compaction(kafka_admin, topic)
+    for topic in topics:  # the same key written three times, each in its own segment
+        for value in (b"old-1", b"old-2", b"newest"):
+            producer.produce(topic, key=b"compaction-probe", value=value, partition=0)
+            producer.flush(10)
+            time.sleep(0.3)
+        producer.produce(topic, key=b"roll", value=b"x", partition=0)  # closes the last one
+        producer.flush(10)
+
+    def probe_values(topic: str) -> list[bytes]:
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "compaction",
+                             "enable.partition.eof": True})
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        found: list[bytes] = []
+        while (message := consumer.poll(5)) is not None and not message.error():
+            if message.key() == b"compaction-probe":
+                found.append(message.value())
+        consumer.close()
+        return found
+
+    deadline = time.monotonic() + 90  # the log cleaner runs every 15 s
+    remaining = {topic: probe_values(topic) for topic in topics}
+    while any(v != [b"newest"] for v in remaining.values()) and time.monotonic() < deadline:
+        time.sleep(3)
+        remaining = {topic: probe_values(topic) for topic in topics}
+    assert remaining == {topic: [b"newest"] for topic in topics}

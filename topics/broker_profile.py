@@ -1,0 +1,103 @@
+"""What the broker behind a connection string can do: the one place where the
+embedded broker (Tansu) and Apache Kafka are told apart.
+
+Users write ``Endpoint=kafka://HOST:PORT;Namespace=NAME`` and nothing else;
+every broker-specific choice of the library and the engine reads a
+:class:`BrokerProfile` instead of a connection-string key.
+
+Detection asks the broker to describe its own configuration (DescribeConfigs
+on a broker resource). Apache Kafka answers with hundreds of settings,
+``log.cleaner.enable`` among them; Tansu 0.6 answers with none. The answer is
+cached per bootstrap list, so a process asks once. A broker that does not
+answer gets the cautious profile (short fetch waits, log ends from fetches,
+which are right on every broker), uncached, so the next client asks again;
+whatever it was about to do then fails with its own clear error.
+
+What differs, as measured on these machines (see the design brief):
+
+* Apache Kafka wakes a waiting fetch as soon as data arrives; Tansu parks it
+  for the whole ``fetch.wait.max.ms``, so consumers there must wait briefly.
+* Tansu answers ListOffsets(latest) with the last batch's base offset + 1, not
+  the log end; Apache Kafka's answer is exact.
+* Apache Kafka compacts, runs transactions and deletes records (DeleteRecords);
+  Tansu's in-memory storage does none of these.
+* Apache Kafka may run several brokers: topics get up to three replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+#: How long a consumer may wait for data on a broker that wakes waiting fetches.
+_WAKING_FETCH_WAIT_MS = 500
+#: ... and on one that parks every fetch for the whole wait (Tansu).
+_PARKED_FETCH_WAIT_MS = 10
+_DETECT_TIMEOUT_S = 5.0
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BrokerProfile:
+    """The broker's behaviour that the library and the engine adapt to."""
+
+    kind: str  # "apache-kafka" or "embedded"
+    brokers: int
+    wakes_waiting_fetches: bool
+    exact_list_offsets: bool
+    compacts: bool
+    deletes_records: bool
+    transactions: bool
+
+    @property
+    def fetch_max_wait_ms(self) -> int:
+        """How long a fetch may wait for data without adding latency."""
+        return _WAKING_FETCH_WAIT_MS if self.wakes_waiting_fetches else _PARKED_FETCH_WAIT_MS
+
+    @property
+    def replication_factor(self) -> int:
+        """Replicas of every topic the project creates: up to three, one per broker."""
+        return min(3, self.brokers)
+
+
+APACHE_KAFKA = BrokerProfile("apache-kafka", 1, wakes_waiting_fetches=True,
+                             exact_list_offsets=True, compacts=True, deletes_records=True,
+                             transactions=True)
+EMBEDDED = BrokerProfile("embedded", 1, wakes_waiting_fetches=False, exact_list_offsets=False,
+                         compacts=False, deletes_records=False, transactions=False)
+
+_cache: dict[tuple[str, tuple[tuple[str, str], ...]], BrokerProfile] = {}
+_lock = threading.Lock()
+
+
+def detect(config: dict[str, object]) -> BrokerProfile:
+    """The profile of the cluster that the librdkafka ``config`` connects to (cached)."""
+    key = (str(config["bootstrap.servers"]),
+           tuple(sorted((k, str(v)) for k, v in config.items() if k != "logger")))
+    with _lock:
+        if key not in _cache:
+            found = _ask(config)
+            if found is None:
+                return EMBEDDED
+            _cache[key] = found
+        return _cache[key]
+
+
+def _ask(config: dict[str, object]) -> BrokerProfile | None:
+    admin = AdminClient(config)
+    try:
+        metadata = admin.list_topics(timeout=_DETECT_TIMEOUT_S)
+        broker_id = str(min(metadata.brokers))
+        resource = ConfigResource(ConfigResource.Type.BROKER, broker_id)
+        described = admin.describe_configs([resource], request_timeout=_DETECT_TIMEOUT_S)
+        settings = described[resource].result(timeout=_DETECT_TIMEOUT_S)
+    except (KafkaException, ValueError) as exc:
+        log.warning("no Kafka broker answered at %s (%s): is it running?",
+                    config["bootstrap.servers"], exc)
+        return None
+    template = APACHE_KAFKA if "log.cleaner.enable" in settings else EMBEDDED
+    return BrokerProfile(**{**template.__dict__, "brokers": len(metadata.brokers)})
