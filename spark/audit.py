@@ -16,7 +16,10 @@ Findings, each a reason for a non-zero exit status:
                    settled or parked) but no event settled or parked it;
 ``stuck``          locked, and the lock ended ``grace`` ago with no lapse;
 ``double``         settled for good by two different commands;
-``phantom``        events name an offset the raw log does not have;
+``phantom``        events name an offset the raw log does not have (and never had:
+                   offsets below the log start were deleted by the engine's log
+                   trimmer, which is right only if they were settled: a deleted
+                   offset that was not is ``lost``);
 ``inconsistent``   a count of the state record (active, locked, deferred,
                    scheduled, dead_letter, transfer_dead_letter) differs from
                    the count the events give.
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
+from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -161,21 +165,44 @@ def run_audit(spark: SparkSession, connection_string: str, entities: list[str], 
                 .toPandas())
     states = _states(spark, settings, entities)
     freshness = last_event.toPandas()
-    return _judge(messages, states, freshness, int(time.time() * 1000), grace_ms)
+    starts = _log_starts(settings, [(s.entity, int(s.partition))
+                                    for s in states.itertuples(index=False)])
+    return _judge(messages, states, freshness, starts, int(time.time() * 1000), grace_ms)
+
+
+def _log_starts(settings: ConnectionSettings,
+                windows: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """Where each window's log starts now: above 0 where the engine trimmed it."""
+    consumer = Consumer(settings.consumer_config("audit-log-starts"))
+    try:
+        return {(entity, partition): consumer.get_watermark_offsets(TopicPartition(
+                    names.entity_log(settings.namespace, entity), partition), timeout=10)[0]
+                for entity, partition in windows}
+    finally:
+        consumer.close()
 
 
 def _judge(messages: pd.DataFrame, states: pd.DataFrame, freshness: pd.DataFrame,
-           now: int, grace_ms: int) -> AuditReport:
+           log_starts: dict[tuple[str, int], int], now: int, grace_ms: int) -> AuditReport:
     report = AuditReport(messages=int(messages["in_log"].sum()), windows=len(states))
     found = report.findings
+    named: dict[tuple[str, int], set[int]] = {}
     for row in messages.itertuples(index=False):
         where = {"entity": row.entity, "partition": int(row.partition), "offset": int(row.offset)}
-        if not row.in_log:
+        named.setdefault((row.entity, int(row.partition)), set()).add(int(row.offset))
+        trimmed = int(row.offset) < log_starts.get((row.entity, int(row.partition)), 0)
+        if trimmed and row.state != "settled":
+            found["lost"].append({**where, "state": row.state, "trimmed": True})
+        elif not row.in_log and not trimmed:
             found["phantom"].append({**where, "state": row.state})
         if row.settled_by > 1:
             found["double"].append({**where, "settled_by_commands": int(row.settled_by)})
         if row.locked and row.lock_ends and row.lock_ends + grace_ms < now:
             found["stuck"].append({**where, "lock_ended_ms_ago": int(now - row.lock_ends)})
+    for (entity, partition), start in log_starts.items():  # trimmed, yet no event settled it
+        unnamed = set(range(start)) - named.get((entity, partition), set())
+        found["lost"] += [{"entity": entity, "partition": partition, "offset": offset,
+                           "state": "active", "trimmed": True} for offset in sorted(unnamed)]
     last_ts = {(r.entity, int(r.partition)): int(r.last_ts)
                for r in freshness.itertuples(index=False)}
     for state in states.itertuples(index=False):

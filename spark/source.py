@@ -26,8 +26,11 @@ PYTHON_FORMAT = "settlement_kafka"
 
 
 def kafka_connector_available(spark: SparkSession) -> bool:
+    """Whether Spark can load its Kafka connector: jars of ``spark.jars`` are
+    on the context class loader, not on the JVM's own class path."""
+    jvm = spark.sparkContext._jvm
     try:
-        spark.sparkContext._jvm.java.lang.Class.forName(  # type: ignore[union-attr]
+        jvm.java.lang.Thread.currentThread().getContextClassLoader().loadClass(  # type: ignore[union-attr]
             "org.apache.spark.sql.kafka010.KafkaSourceProvider")
         return True
     except Exception:  # py4j raises its own error type for ClassNotFoundException

@@ -83,4 +83,9 @@ windows = app.Table(
 )
 
 
-from streams import command_agent, lock_timer, scan_timer  # noqa: E402,F401  (registers them)
+from streams import (  # noqa: E402,F401  (registers them)
+    command_agent,
+    lock_timer,
+    log_trimmer,
+    scan_timer,
+)

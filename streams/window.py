@@ -497,6 +497,11 @@ class InflightWindow:
             heapq.merge(*streams, key=lambda pair: pair[0]), want)]
         return {"messages": found}
 
+    def retained_from(self) -> int:
+        """The oldest offset the log must keep: everything below it is settled
+        for good, so the log's start may advance to it (DeleteRecords)."""
+        return min([self.start, *self.parked, *self.slots])
+
     # ------------------------------------------------------------------- stats
     def stats(self) -> dict[str, int]:
         """Counts for runtime properties; ``active`` includes locked messages."""

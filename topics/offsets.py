@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+#: Errors of a partition whose leader is not known yet, or is moving.
+_LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
 #: librdkafka's OFFSET_INVALID: no fetch response has given a watermark yet.
 OFFSET_UNKNOWN = -1001
 
@@ -42,8 +44,7 @@ def log_end_offsets(consumer: Consumer, partitions: list[tuple[str, int]], *, ex
     ``consumer`` must be a consumer used only for this (it is re-assigned).
     """
     deadline = time.monotonic() + timeout
-    lower = {tp: consumer.get_watermark_offsets(TopicPartition(*tp), timeout=timeout)[1]
-             for tp in partitions}
+    lower = {tp: _listed_end(consumer, tp, deadline) for tp in partitions}
     if exact:
         return lower
     consumer.assign([TopicPartition(t, p, max(0, lower[(t, p)] - 1)) for t, p in partitions])
@@ -61,3 +62,19 @@ def log_end_offsets(consumer: Consumer, partitions: list[tuple[str, int]], *, ex
     finally:
         consumer.unassign()
     return ends
+
+
+def _listed_end(consumer: Consumer, tp: tuple[str, int], deadline: float) -> int:
+    """ListOffsets(latest), asked again while the broker answers with a
+    retriable error: a topic created a moment ago may have no leader yet
+    (Apache Kafka says "Not leader for partition" until metadata spreads)."""
+    while True:
+        try:
+            return consumer.get_watermark_offsets(
+                TopicPartition(*tp), timeout=max(0.1, deadline - time.monotonic()))[1]
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not (error.retriable() or error.code() in _LEADER_MOVING) \
+                    or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

@@ -1,0 +1,87 @@
+"""Advances the start of entity logs past what is settled (DeleteRecords), so
+a queue's disk use follows its backlog, not its history.
+
+Entity logs keep everything (``retention.ms=-1``): no time-based retention may
+delete an unsettled message. Instead, every few seconds, this timer moves the
+log start of each entity partition this worker owns up to the oldest offset
+still needed: not yet settled, locked, parked (deferred, dead-lettered,
+scheduled), or inside the duplicate-detection window, whose history is read
+back from the log after a restart. Nothing below that offset can be
+delivered, peeked or fetched by sequence number again.
+
+Only brokers that implement DeleteRecords do this (Apache Kafka; the
+embedded broker does not: :mod:`topics.broker_profile`). Deleting is
+idempotent and only ever moves forward, so a second worker that still sees a
+window it no longer owns does no harm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from streams.app import app, settings, windows
+from streams.window import InflightWindow
+from topics import names
+
+log = logging.getLogger(__name__)
+TRIM_INTERVAL_S = 5.0
+
+
+class LogTrimmer:
+    """Remembers how far each log was trimmed, so it asks only when that moves."""
+
+    def __init__(self) -> None:
+        self._admin = AdminClient(settings.kafka_config())
+        self._times = Consumer(settings.consumer_config(f"trimmer-{uuid.uuid4().hex[:8]}"))
+        self._trimmed: dict[tuple[str, int], int] = {}
+
+    def trim(self, stored: list[bytes]) -> None:
+        """Trim the logs of these stored windows as far as each allows."""
+        wanted: dict[tuple[str, int], int] = {}
+        for raw in stored:
+            window = InflightWindow.from_bytes(raw)
+            tp = (names.entity_log(settings.namespace, window.entity), window.partition)
+            keep = self._keep_from(window, tp)
+            if keep > self._trimmed.get(tp, 0):
+                wanted[tp] = keep
+        if not wanted:
+            return
+        requests = [TopicPartition(topic, partition, offset)
+                    for (topic, partition), offset in wanted.items()]
+        for request, future in zip(requests, self._admin.delete_records(requests).values(),
+                                   strict=True):
+            tp = (request.topic, request.partition)
+            try:
+                future.result(timeout=30)
+            except KafkaException as exc:  # a deleted queue, a moving leader: next time
+                log.info("could not trim %s[%d] to %d: %s", *tp, request.offset, exc)
+                continue
+            self._trimmed[tp] = request.offset
+            log.debug("log start of %s[%d] is now %d", *tp, request.offset)
+
+    def _keep_from(self, window: InflightWindow, tp: tuple[str, int]) -> int:
+        keep = window.retained_from()
+        if window.duplicate_window_ms:
+            since = int(time.time() * 1000) - window.duplicate_window_ms
+            found = self._times.offsets_for_times([TopicPartition(*tp, since)], timeout=10)[0]
+            if found.offset >= 0:  # else: no record is that recent, none is needed
+                keep = min(keep, found.offset)
+        return keep
+
+
+if settings.profile.deletes_records:
+    _trimmer = LogTrimmer()
+
+    @app.timer(interval=TRIM_INTERVAL_S)
+    async def trim_entity_logs() -> None:
+        stored = [raw for raw in list(windows.values()) if raw]
+        try:
+            await asyncio.to_thread(_trimmer.trim, stored)
+        except Exception:  # never let trimming stop the engine; the next pass retries
+            log.exception("trimming entity logs failed")

@@ -1,0 +1,69 @@
+"""The log start of an entity partition follows its oldest unsettled message
+(DeleteRecords), so a queue's disk use follows its backlog, not its history;
+nothing unsettled is ever deleted."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from tests.helpers import TEST_BROKER, receive_exactly
+from topics import names
+
+pytestmark = pytest.mark.skipif(
+    TEST_BROKER != "kafka", reason="the embedded broker (Tansu) does not implement "
+    "DeleteRecords: its entity logs keep everything")
+
+
+def log_start(client: ServiceBusClient, queue: str) -> int:
+    consumer = Consumer(client.settings.consumer_config("trim-check"))
+    try:
+        topic = names.entity_log(client.settings.namespace, queue)
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[0]
+    finally:
+        consumer.close()
+
+
+def wait_for_log_start(client: ServiceBusClient, queue: str, expected: int) -> None:
+    deadline = time.monotonic() + 30  # the engine trims every 5 s
+    while (start := log_start(client, queue)) != expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert start == expected
+
+
+def test_log_start_advances_to_the_oldest_message_still_needed(
+        client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+    queue = make_queue(lock_duration=30)
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}", message_id=str(i)) for i in range(20)])
+    with client.get_queue_receiver(queue) as receiver:
+        first = receive_exactly(receiver, 20)
+        assert [m.message_id for m in first] == [str(i) for i in range(20)]
+        receiver.complete_messages(first[:5])
+        receiver.dead_letter_message(first[5], reason="Bad", error_description="test")
+        receiver.complete_messages(first[6:10])
+        receiver.defer_message(first[10])
+        receiver.complete_messages(first[11:])
+        wait_for_log_start(client, queue, 5)  # the dead letter at offset 5 holds it
+
+        with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+            dead = receive_exactly(dlq, 1)
+            assert dead[0].message_id == "5" and dead[0].dead_letter_reason == "Bad"
+            dlq.complete_message(dead[0])
+        wait_for_log_start(client, queue, 10)  # now the deferred message at offset 10
+
+        deferred = receiver.receive_deferred_messages([first[10].sequence_number])
+        assert [m.message_id for m in deferred] == ["10"]
+        receiver.complete_message(deferred[0])
+    wait_for_log_start(client, queue, 20)  # all settled: the log holds nothing
+
+    with client.get_queue_sender(queue) as sender:  # and the queue goes on from there
+        sender.send_messages(ServiceBusMessage("after", message_id="20"))
+    with client.get_queue_receiver(queue) as receiver:
+        again = receive_exactly(receiver, 1)
+        assert again[0].message_id == "20" and again[0].delivery_count == 1
+        receiver.complete_message(again[0])
