@@ -43,8 +43,10 @@ test: $(STAMP) java chromium maven
 	SETTLEMENT_TEST_BROKER=embedded $(BIN)/python -m pytest -q
 	SETTLEMENT_TEST_BROKER=kafka $(BIN)/python -m pytest -q
 
-bench: $(STAMP)
-	$(BIN)/python -m bench.run
+# make bench [BROKER=embedded|kafka] [ARGS="--messages 50000"]
+BROKER ?= embedded
+bench: $(STAMP) java maven
+	$(BIN)/python -m bench.run --broker $(BROKER) $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

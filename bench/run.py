@@ -1,7 +1,8 @@
 """Throughput and latency of the settlement layer against raw Kafka.
 
-``python -m bench.run [--messages N] [--size 1024]`` starts an embedded broker
-(Tansu) and one engine worker subprocess, then measures on that one broker:
+``python -m bench.run [--broker embedded|kafka] [--messages N] [--size 1024]``
+starts a broker (the embedded Tansu, or Apache Kafka from Maven Central, one
+node) and one engine worker subprocess, then measures on that one broker:
 
 1. raw Kafka: confluent-kafka produce (acks=all, idempotent) and a plain
    assigned consumer (no commits), on a fresh topic;
@@ -12,7 +13,9 @@
 5. receive-and-delete;
 6. latency of single ``complete_message`` calls (p50/p99);
 7. Spark (``bench.spark_phases``): records/s the Kafka source reads, and the
-   delay from a settlement to its row in the monitor's sink (2 s trigger).
+   delay from a settlement to its row in the monitor's sink (2 s trigger);
+8. on Apache Kafka, the peer: Kafka's own queues (KIP-932 share groups,
+   ``bench.share_groups``) doing the same work, batch and one at a time.
 
 Every settled phase checks by message id that each message was settled
 exactly once. The table goes to stdout and the same figures as JSON to
@@ -46,6 +49,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.measure import CpuMeter, Phase, Timed, percentile
 from settlement import ServiceBusClient, ServiceBusMessage
+from settlement.apache_kafka import KAFKA_VERSION, KafkaCluster
 from settlement.embedded import EmbeddedBroker
 from settlement.exceptions import OperationTimeoutError, ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
@@ -482,9 +486,11 @@ def fmt_rate(x: float) -> str:
 def render(machine: dict[str, Any], args: argparse.Namespace, phases: dict[str, Phase],
            derived: dict[str, Any]) -> str:
     raw_p, raw_c = phases["raw_produce"].rate, phases["raw_consume"].rate
+    broker = (f"Apache Kafka {KAFKA_VERSION}, 1 node" if args.broker == "kafka"
+              else "embedded Tansu broker")
     lines = [
         "",
-        "Settlement layer benchmark (embedded Tansu broker, 1 engine worker)",
+        f"Settlement layer benchmark ({broker}, 1 engine worker)",
         f"machine: {machine['cores']} cores ({machine['usable_cores']} usable), "
         f"{machine['cpu_model']}; {machine['implementation']} {machine['python']}; "
         f"confluent-kafka {machine['confluent_kafka']} / librdkafka {machine['librdkafka']}",
@@ -536,6 +542,18 @@ def render(machine: dict[str, Any], args: argparse.Namespace, phases: dict[str, 
         f"{raw_lat.extra['p50_ms']:.2f} ms produce->ack", "", lat.cpu)
     row(f"{lat.label} p99", f"{lat.extra['p99_ms']:.2f} ms",
         f"{raw_lat.extra['p99_ms']:.2f} ms produce->ack", "", {})
+    if "share_group_batch" in phases:
+        lines += ["", "the peer, on the same broker: Kafka share groups (KIP-932), "
+                  "confluent-kafka ShareConsumer, explicit acknowledge"]
+        peer, ack = phases["share_group_batch"], phases["share_group_ack_latency"]
+        thr("share_group_batch", raw_c, "consume")
+        row("  this project, receive + complete_messages (above)", fmt_rate(plain.rate) + " /s",
+            f"{fmt_rate(peer.rate)} /s share group", f"{plain.rate / peer.rate:.0%}"
+            if peer.rate else "", {})
+        row(f"{ack.label} p50 (n={ack.messages})", f"{ack.extra['p50_ms']:.2f} ms",
+            f"{lat.extra['p50_ms']:.2f} ms complete_message", "", ack.cpu)
+        row(f"{ack.label} p99", f"{ack.extra['p99_ms']:.2f} ms",
+            f"{lat.extra['p99_ms']:.2f} ms complete_message", "", {})
     lines.append("")
     best = derived["best_settled_peek_lock_rate"]
     verdict = "meets" if best >= TARGET_SETTLED_PER_S else "MISSES"
@@ -556,6 +574,9 @@ def render(machine: dict[str, Any], args: argparse.Namespace, phases: dict[str, 
 # --------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    p.add_argument("--broker", choices=["embedded", "kafka"], default="embedded",
+                   help="the embedded Tansu broker, or Apache Kafka (one node, with Kafka's "
+                        "share groups measured beside; default embedded)")
     p.add_argument("--messages", "-n", type=int, default=20_000,
                    help="messages per throughput phase (default 20000)")
     p.add_argument("--size", type=int, default=1024, help="body bytes (default 1024)")
@@ -574,7 +595,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--latency-samples", type=int, default=300,
                    help="single complete_message calls timed (default 300)")
     p.add_argument("--output", type=Path, default=None,
-                   help="where to write the JSON results (default bench/results/latest.json)")
+                   help="where to write the JSON results (default bench/results/latest.json, "
+                        "latest-kafka.json on Apache Kafka)")
     p.add_argument("--no-spark", action="store_true",
                    help="skip the Spark phases (they start a SparkSession, ~15 s)")
     p.add_argument("--monitor-samples", type=int, default=5,
@@ -588,7 +610,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     if args.output is None:
-        args.output = RESULTS_DIR / "latest.json"
+        args.output = RESULTS_DIR / ("latest-kafka.json" if args.broker == "kafka"
+                                     else "latest.json")
     machine = machine_info()
     work = Path(tempfile.mkdtemp(prefix="settlement-bench-"))
     n, size = args.messages, args.size
@@ -596,16 +619,16 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     ok = False
     print(f"bench: {n:,} messages x {size} B per phase; scratch dir {work}", flush=True)
-    broker = EmbeddedBroker(log_path=work / "broker.log")
+    broker: EmbeddedBroker | KafkaCluster = (
+        KafkaCluster(data_dir=work / "kafka") if args.broker == "kafka"
+        else EmbeddedBroker(log_path=work / "broker.log"))
     broker.start()
     worker = None
     try:
         conn = broker.connection_string(NAMESPACE)
         worker = EngineProcess(conn, work / "engine", timer_interval=0.5).start()
-        broker_proc = getattr(broker, "_proc", None)
-        pids = {"client": os.getpid(), "engine": worker.pid}
-        if broker_proc is not None:
-            pids["broker"] = broker_proc.pid
+        pids = {"client": os.getpid(), "engine": worker.pid, "broker": (
+            broker.nodes[0].pid if isinstance(broker, KafkaCluster) else broker.pid)}
         meter = CpuMeter(pids)
 
         def step(msg: str) -> None:
@@ -697,6 +720,15 @@ def main(argv: list[str] | None = None) -> int:
             send(client, "latency", msgs, args.send_chunk)
             phases["settle_latency"] = settle_latency(
                 client, "latency", [m.message_id for m in msgs], meter)
+
+            if args.broker == "kafka":
+                from bench.share_groups import share_group_ack_latency, share_group_throughput
+
+                step("the peer: Kafka share groups, batch and one acknowledge at a time")
+                phases["share_group_batch"] = share_group_throughput(
+                    broker.bootstrap, n, size, meter)
+                phases["share_group_ack_latency"] = share_group_ack_latency(
+                    broker.bootstrap, args.latency_samples, size, meter)
 
             runtime = {q: admin.get_queue_runtime_properties(q) for q in queues}
         admin.close()

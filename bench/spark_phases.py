@@ -44,7 +44,7 @@ def spark_source_read(spark: Any, bootstrap: str, n: int, size: int,
     read_kafka(spark, bootstrap, [topic]).count()  # warm-up: Python workers, imports
     counted: list[int] = []
     with tempfile.TemporaryDirectory() as checkpoint, Timed(meter) as t:
-        frame = read_kafka_stream(spark, bootstrap, [topic], fetch_max_wait_ms=10)
+        frame = read_kafka_stream(spark, bootstrap, [topic])
         query = (frame.writeStream
                  .foreachBatch(lambda batch, _id: counted.append(batch.count()))
                  .option("checkpointLocation", checkpoint)

@@ -103,6 +103,12 @@ class EmbeddedBroker:
         return self._log_path
 
     @property
+    def pid(self) -> int:
+        """The broker process's id (it must have been started)."""
+        assert self._proc is not None, "the broker was never started"
+        return self._proc.pid
+
+    @property
     def running(self) -> bool:
         """True while the broker process is alive."""
         return self._proc is not None and self._proc.poll() is None

@@ -58,7 +58,8 @@ FINDINGS = ("lost", "stuck", "double", "phantom", "inconsistent")
 
 @dataclass
 class AuditReport:
-    """What the audit found; ``ok`` when nothing but pending windows."""
+    """What the audit found; ``ok`` when nothing but pending windows.
+    ``messages`` counts those in the log and those trimmed from it."""
 
     messages: int = 0
     windows: int = 0
@@ -184,13 +185,14 @@ def _log_starts(settings: ConnectionSettings,
 
 def _judge(messages: pd.DataFrame, states: pd.DataFrame, freshness: pd.DataFrame,
            log_starts: dict[tuple[str, int], int], now: int, grace_ms: int) -> AuditReport:
-    report = AuditReport(messages=int(messages["in_log"].sum()), windows=len(states))
+    report = AuditReport(windows=len(states))
     found = report.findings
     named: dict[tuple[str, int], set[int]] = {}
     for row in messages.itertuples(index=False):
         where = {"entity": row.entity, "partition": int(row.partition), "offset": int(row.offset)}
         named.setdefault((row.entity, int(row.partition)), set()).add(int(row.offset))
         trimmed = int(row.offset) < log_starts.get((row.entity, int(row.partition)), 0)
+        report.messages += bool(row.in_log or trimmed)
         if trimmed and row.state != "settled":
             found["lost"].append({**where, "state": row.state, "trimmed": True})
         elif not row.in_log and not trimmed:

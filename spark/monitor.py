@@ -125,8 +125,7 @@ def start_monitor(spark: SparkSession, connection_string: str, sink: str | Path,
     settings = parse_connection_string(connection_string)
     topics = [names.events(settings.namespace), names.state(settings.namespace)]
     records = read_kafka_stream(spark, settings.bootstrap_servers, topics,
-                                max_offsets_per_trigger=max_records_per_trigger,
-                                fetch_max_wait_ms=min(settings.profile.fetch_max_wait_ms, 100))
+                                max_offsets_per_trigger=max_records_per_trigger)
     metrics = aggregate(metric_facts(records, settings, watermark), window)
     # Strings, not Paths: the sink may be a URI (s3a://...) on a cluster.
     checkpoint = str(checkpoint or f"{str(sink).rstrip('/')}/_checkpoint")

@@ -37,11 +37,14 @@ def kafka_connector_available(spark: SparkSession) -> bool:
         return False
 
 
+def _profile(bootstrap_servers: str) -> broker_profile.BrokerProfile:
+    return broker_profile.detect({"bootstrap.servers": bootstrap_servers, "log_level": 0})
+
+
 def kafka_format(spark: SparkSession, bootstrap_servers: str) -> str:
     """``kafka`` (Spark's connector) where the broker's ListOffsets is exact
     and the connector is on the classpath, else the Python source."""
-    profile = broker_profile.detect({"bootstrap.servers": bootstrap_servers, "log_level": 0})
-    if not profile.exact_list_offsets:
+    if not _profile(bootstrap_servers).exact_list_offsets:
         return PYTHON_FORMAT
     if kafka_connector_available(spark):
         return "kafka"
@@ -61,8 +64,7 @@ def _load(reader: DataFrameReader | DataStreamReader, fmt: str,
 
 def read_kafka_stream(spark: SparkSession, bootstrap_servers: str, topics: list[str], *,
                       starting_offsets: str = "earliest",
-                      max_offsets_per_trigger: int | None = None,
-                      fetch_max_wait_ms: int = 100) -> DataFrame:
+                      max_offsets_per_trigger: int | None = None) -> DataFrame:
     """A streaming DataFrame of the records of ``topics``."""
     fmt = kafka_format(spark, bootstrap_servers)
     options = {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": ",".join(topics),
@@ -70,7 +72,7 @@ def read_kafka_stream(spark: SparkSession, bootstrap_servers: str, topics: list[
     if max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
     if fmt == PYTHON_FORMAT:
-        options["fetchMaxWaitMs"] = str(fetch_max_wait_ms)
+        options["fetchMaxWaitMs"] = str(_profile(bootstrap_servers).fetch_max_wait_ms)
     return _load(spark.readStream, fmt, options)
 
 

@@ -32,7 +32,8 @@ kafka_tuning.apply(settings)
 namespace = settings.namespace
 # Before Faust starts: it would declare missing topics itself, with the
 # broker's default partition count instead of the namespace's spec.
-specs.provision(AdminClient(settings.kafka_config()), specs.namespace_topics(namespace),
+specs.provision(AdminClient(settings.kafka_config()),
+                specs.namespace_topics(namespace) + specs.engine_tables(namespace),
                 settings.profile.replication_factor)
 _web_port = os.environ.get("SETTLEMENT_WEB_PORT")
 timer_interval = float(os.environ.get("SETTLEMENT_TIMER_INTERVAL", "0.5"))

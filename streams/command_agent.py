@@ -77,11 +77,14 @@ async def _handle(event: EventT) -> None:
         _parsed.pop(key, None)  # the object may be half-changed; reload from the table
         raise
     if outcome.changed:
-        # Events are queued before the changelog record: a crash that keeps
-        # the new state but loses its events would lose them for good (the
-        # retried command replays its answer and publishes nothing), while
-        # events without their state are published again by the retry under
-        # the same command id, which readers drop as a repeat.
+        # Events are acknowledged by Kafka before the changelog record is even
+        # queued: a crash that kept the new state but lost its events would
+        # lose them for good (the retried command replays its answer and
+        # publishes nothing). Queueing them first is not enough on a cluster:
+        # the events' and the changelog's partitions may have different
+        # leaders, and either request may land first. Events without their
+        # state are published again by the retry under the same command id,
+        # which readers drop as a repeat.
         await _publish(window, outcome.events, cmd.id)
         stored = window.to_bytes()
         windows[key] = stored
@@ -106,19 +109,23 @@ def _load(key: bytes, cmd: Command) -> InflightWindow | None:
 
 
 async def _publish(window: InflightWindow, events: list[Event], command_id: str) -> None:
-    """Settlement events (one record per kind) and the window's new summary.
+    """Settlement events (one record per kind) and the window's new summary,
+    returning once Kafka has acknowledged them.
 
     Each event names the command that caused it: a command processed again
     after a crash (before its state was flushed) publishes its events again,
     and readers drop those repeats by (cmd, type, entity, partition)."""
     now = int(time.time() * 1000)
     key = f"{window.entity}#{window.partition}".encode()
+    sent = []
     for ev in events:
         record: dict[str, Any] = {"type": ev.type, "entity": window.entity,
                                   "partition": window.partition, "offsets": ev.offsets,
                                   "count": ev.count, "ts": now, "cmd": command_id, **ev.extra}
-        await events_topic.send(key=key, value=json.dumps(record).encode())
-    await state_topic.send(key=key, value=json.dumps({**window.summary(), "ts": now}).encode())
+        sent.append(await events_topic.send(key=key, value=json.dumps(record).encode()))
+    sent.append(await state_topic.send(
+        key=key, value=json.dumps({**window.summary(), "ts": now}).encode()))
+    await asyncio.gather(*sent)  # acknowledged (acks=all), or an error for the caller
 
 
 def _reply_ok(cmd: Command, result: dict[str, Any]) -> None:

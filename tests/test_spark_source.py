@@ -56,7 +56,7 @@ def run_available_now(spark: object, broker: Broker, topic: str, out: Path,
         sizes.append(batch.count())  # type: ignore[attr-defined]
         batch.write.mode("append").parquet(str(out / "data"))  # type: ignore[attr-defined]
 
-    frame = read_kafka_stream(spark, broker.bootstrap, [topic], fetch_max_wait_ms=10,
+    frame = read_kafka_stream(spark, broker.bootstrap, [topic],
                               **options)  # type: ignore[arg-type]
     query = (frame.writeStream.foreachBatch(write)
              .option("checkpointLocation", str(out / "checkpoint"))

@@ -76,6 +76,11 @@ def engine_app_id(namespace: str) -> str:
     return f"settlement-{namespace}"
 
 
+def table_changelog(namespace: str, table: str) -> str:
+    """The changelog topic Faust keeps for the engine's table ``table``."""
+    return f"{engine_app_id(namespace)}-{table}-changelog"
+
+
 def window_key(entity: str, partition: int) -> str:
     """Key of one entity partition's in-flight window (commands, state, tables)."""
     return f"{entity}#{partition}"

@@ -9,6 +9,7 @@ DeleteRecords up to the oldest unsettled offset where the broker supports it.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException
@@ -49,6 +50,15 @@ def namespace_topics(namespace: str) -> list[TopicSpec]:
     ]
 
 
+def engine_tables(namespace: str) -> list[TopicSpec]:
+    """The changelogs of the engine's tables, created before Faust starts.
+    Faust would create them itself, but on a cluster it reads the new topic's
+    partition count before its metadata has spread, finds 0 partitions and
+    refuses every table write (``PartitionsMismatch``)."""
+    return [TopicSpec(names.table_changelog(namespace, "windows"), ENGINE_PARTITIONS,
+                      {"cleanup.policy": "compact"})]
+
+
 def entity_topics(namespace: str, entity: str, partitions: int) -> list[TopicSpec]:
     """The message log of one entity (its dead-letter sub-queue lives in it)."""
     return [TopicSpec(names.entity_log(namespace, entity), partitions,
@@ -77,16 +87,32 @@ def provision(admin: AdminClient, specs: list[TopicSpec], replication_factor: in
                 raise ProvisioningError(
                     f"cannot create topic {spec.name}: {exc.args[0].str()}") from exc
             existing.append(spec)
-    if existing:
+    metadata = _wait_for_leaders(admin, specs, timeout)
+    for spec in existing:
+        count = len(metadata[spec.name].partitions)
+        if spec.partitions and count != spec.partitions:
+            raise ProvisioningError(
+                f"topic {spec.name} exists with {count} partitions, expected "
+                f"{spec.partitions}: delete it or use its partition count"
+            )
+
+
+def _wait_for_leaders(admin: AdminClient, specs: list[TopicSpec], timeout: float) -> dict:
+    """Metadata of ``specs`` once every partition of each has a leader: on a
+    cluster a new topic reaches the other brokers' metadata a moment after
+    CreateTopics returns, and clients that ask too early see no partitions."""
+    deadline = time.monotonic() + timeout
+    while True:
         metadata = admin.list_topics(timeout=timeout).topics
-        for spec in existing:
-            found = metadata.get(spec.name)
-            count = len(found.partitions) if found is not None else 0
-            if spec.partitions and count and count != spec.partitions:
-                raise ProvisioningError(
-                    f"topic {spec.name} exists with {count} partitions, expected "
-                    f"{spec.partitions}: delete it or use its partition count"
-                )
+        waiting = [s.name for s in specs if s.name not in metadata
+                   or metadata[s.name].error is not None or not metadata[s.name].partitions
+                   or any(p.leader < 0 for p in metadata[s.name].partitions.values())]
+        if not waiting:
+            return metadata
+        if time.monotonic() > deadline:
+            raise ProvisioningError(f"topics {waiting} have no leader {timeout:.0f} s after "
+                                    "they were created: is every broker up?")
+        time.sleep(0.1)
 
 
 def partition_count(admin: AdminClient, topic: str, timeout: float = 10.0) -> int:

@@ -1,0 +1,206 @@
+"""Faults of a 3-node Apache Kafka cluster (replication factor 3, two in sync):
+``kill -9`` of the node leading a queue's partition under load, then the whole
+cluster stopped and started again on its data.
+
+The test starts its own cluster and engine; the session's broker is not used.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from settlement.apache_kafka import KafkaCluster
+from settlement.exceptions import ServiceBusError
+from settlement.management import ServiceBusAdministrationClient
+from spark.audit import run_audit
+from streams.process import EngineProcess
+from tests.helpers import TEST_BROKER, receive_exactly
+from topics import names
+
+pytestmark = pytest.mark.skipif(
+    TEST_BROKER != "kafka", reason="needs a 3-node Apache Kafka cluster: the embedded broker "
+    "(Tansu) is a single node without replication")
+TOTAL = 600
+RECOVERY_S = 15.0
+log = logging.getLogger(__name__)
+
+
+class Load:
+    """A sender and three competing receivers on one queue, recording what
+    each saw: sends acknowledged, completions that succeeded, and every lock
+    each receiver held (so overlapping locks can be found)."""
+
+    def __init__(self, client: ServiceBusClient, queue: str) -> None:
+        self.client, self.queue = client, queue
+        self.sent: list[tuple[str, float]] = []
+        self.completed: list[tuple[str, int, float]] = []  # message id, sequence number, when
+        self.locks: list[tuple[int, int, float, float]] = []  # seq, receiver, from, until
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._send)] + [
+            threading.Thread(target=self._receive, args=(i,)) for i in range(3)]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def _send(self) -> None:
+        with self.client.get_queue_sender(self.queue) as sender:
+            for first in range(0, TOTAL, 10):
+                batch = [ServiceBusMessage(f"m{i}", message_id=f"m{i}")
+                         for i in range(first, first + 10)]
+                sender.send_messages(batch)  # librdkafka retries across a leader move
+                with self._lock:
+                    self.sent += [(m.message_id, time.monotonic()) for m in batch]
+                time.sleep(0.3)  # ~20 s of sends: the kill comes in the middle of them
+
+    def _receive(self, index: int) -> None:
+        receiver = self.client.get_queue_receiver(self.queue)
+        while not self._stop.is_set():
+            try:
+                batch = receiver.receive_messages(20, max_wait_time=1)
+                got = time.monotonic()
+                for m in batch:
+                    until = m.locked_until_utc.timestamp() - time.time() + got
+                    with self._lock:
+                        self.locks.append((m.sequence_number, index, got, until))
+                for result in receiver.complete_messages(batch):
+                    if result.succeeded:
+                        with self._lock:
+                            self.completed.append((result.message.message_id,
+                                                   result.message.sequence_number,
+                                                   time.monotonic()))
+            except ServiceBusError as exc:  # the cluster is moving leaders
+                with self._lock:
+                    self.errors.append(repr(exc))
+                time.sleep(0.2)
+        receiver.close()
+
+    def wait_until_completed(self, count: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while len({c[0] for c in self.completed}) < count and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=120)
+
+
+def _leader(cluster: KafkaCluster, topic: str) -> int:
+    from confluent_kafka.admin import AdminClient
+
+    metadata = AdminClient({"bootstrap.servers": cluster.bootstrap}).list_topics(topic, timeout=10)
+    return int(metadata.topics[topic].partitions[0].leader)
+
+
+def _overlapping_locks(locks: list[tuple[int, int, float, float]],
+                       completed: list[tuple[str, int, float]]) -> list[Any]:
+    """Two receivers holding a live lock on one message at once: a later
+    lock of the same message that began before the earlier one ended,
+    unless the earlier holder's lock had been released (completed)."""
+    settled = {seq: at for _, seq, at in completed}
+    found = []
+    by_seq: dict[int, list[tuple[int, int, float, float]]] = {}
+    for lock in locks:
+        by_seq.setdefault(lock[0], []).append(lock)
+    for seq, held in by_seq.items():
+        held.sort(key=lambda lock: lock[2])
+        for earlier, later in zip(held, held[1:], strict=False):
+            ended = min(earlier[3], settled.get(seq, earlier[3]))
+            if later[2] < ended - 0.5 and later[1] != earlier[1]:  # 0.5 s: clock rounding
+                found.append((seq, earlier, later))
+    return found
+
+
+def test_leader_killed_under_load_then_whole_cluster_restarted(
+        tmp_path: Path, spark: Any) -> None:
+    cluster = KafkaCluster(brokers=3, data_dir=tmp_path / "kafka").start()
+    conn = cluster.connection_string(f"faults{uuid.uuid4().hex[:6]}")
+    engine = EngineProcess(conn, tmp_path / "engine").start()
+    admin = ServiceBusAdministrationClient.from_connection_string(conn)
+    client = ServiceBusClient.from_connection_string(conn)
+    try:
+        admin.create_queue("work", lock_duration=5, max_delivery_count=50)
+        topic = names.entity_log(client.settings.namespace, "work")
+        load = Load(client, "work")
+        load.start()
+        load.wait_until_completed(TOTAL // 4, 120)
+        victim = _leader(cluster, topic)
+        cluster.kill_node(victim)
+        killed_at = time.monotonic()
+        load.wait_until_completed(TOTAL, 240)
+        load.stop()
+
+        sends_after = [at for _, at in load.sent if at > killed_at]
+        completions_after = [at for _, _, at in load.completed if at > killed_at]
+        log.info("after the kill of node %d: first send acknowledged in %.2f s, first "
+                 "completion in %.2f s; %d receiver errors", victim,
+                 min(sends_after, default=-1) - killed_at,
+                 min(completions_after, default=-1) - killed_at, len(load.errors))
+        assert sends_after and min(sends_after) - killed_at < RECOVERY_S, "sends stalled"
+        assert completions_after and min(completions_after) - killed_at < RECOVERY_S, (
+            f"settlements stalled; errors: {load.errors[-5:]}")
+        assert _leader(cluster, topic) != victim
+        sent_ids = {mid for mid, _ in load.sent}
+        assert len(sent_ids) == TOTAL
+        completed_ids = [mid for mid, _, _ in load.completed]
+        assert set(completed_ids) == sent_ids, f"lost: {sorted(sent_ids - set(completed_ids))}"
+        assert len(completed_ids) == len(set(completed_ids)), "a message completed twice"
+        assert not _overlapping_locks(load.locks, load.completed)
+        report = run_audit(spark, conn, ["work"])
+        assert report.ok and report.messages >= TOTAL - 1, report.summary()
+
+        # Leave work behind: active, deferred and dead-lettered messages.
+        cluster.start_node(victim)
+        with client.get_queue_sender("work") as sender:
+            sender.send_messages([ServiceBusMessage(f"r{i}", message_id=f"r{i}")
+                                  for i in range(9)])
+        with client.get_queue_receiver("work") as receiver:
+            got = receive_exactly(receiver, 6)
+            deferred = got[:3]
+            for message in deferred:
+                receiver.defer_message(message)
+            for message in got[3:]:
+                receiver.dead_letter_message(message, reason="Kept", error_description="x")
+        before = admin.get_queue_runtime_properties("work")
+        assert (before.active_message_count, before.deferred_message_count,
+                before.dead_letter_message_count) == (3, 3, 3)
+
+        engine.stop()
+        client.close()
+        admin.close()
+        cluster.stop()
+        cluster.start()  # the same cluster, on its data
+        engine.start()
+        admin = ServiceBusAdministrationClient.from_connection_string(conn)
+        client = ServiceBusClient.from_connection_string(conn)
+        after = admin.get_queue_runtime_properties("work")
+        assert (after.active_message_count, after.deferred_message_count,
+                after.dead_letter_message_count) == (3, 3, 3)
+        with client.get_queue_receiver("work") as receiver:
+            active = receive_exactly(receiver, 3)
+            again = receiver.receive_deferred_messages([m.sequence_number for m in deferred])
+            assert sorted(m.message_id for m in again) == sorted(m.message_id for m in deferred)
+            receiver.complete_messages(active + again)
+        with client.get_queue_receiver("work", sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+            dead = receive_exactly(dlq, 3)
+            assert {m.dead_letter_reason for m in dead} == {"Kept"}
+            dlq.complete_messages(dead)
+        left = admin.get_queue_runtime_properties("work")
+        assert (left.active_message_count, left.deferred_message_count,
+                left.dead_letter_message_count) == (0, 0, 0)
+    finally:
+        client.close()
+        admin.close()
+        engine.stop()
+        cluster.stop()
