@@ -55,6 +55,9 @@ BROKER_SETTINGS = {
     "auto.create.topics.enable": "false",
     # Groups form at once: engines and tests must not wait 3 s per join.
     "group.initial.rebalance.delay.ms": "0",
+    # A broker that stops heartbeating is fenced, and its partitions get new
+    # leaders, after 6 s instead of 9 s: sends and settlements resume sooner.
+    "broker.session.timeout.ms": "6000",
 }
 START_TIMEOUT_S = 90.0
 STOP_GRACE_S = 30.0
