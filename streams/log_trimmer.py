@@ -9,6 +9,12 @@ scheduled), or inside the duplicate-detection window, whose history is read
 back from the log after a restart. Nothing below that offset can be
 delivered, peeked or fetched by sequence number again.
 
+It trims to where that offset stood :data:`GRACE_S` ago, not to where it is
+now: a message received in receive-and-delete mode is settled the moment the
+engine hands its offset out, before the receiver has read it from the log.
+(Without the grace, the bench's receive-and-delete phase lost the records of
+its first batch: they were deleted between the answer and the read.)
+
 Only brokers that implement DeleteRecords do this (Apache Kafka; the
 embedded broker does not: :mod:`topics.broker_profile`). Deleting is
 idempotent and only ever moves forward, so a second worker that still sees a
@@ -21,6 +27,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import deque
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -31,6 +38,8 @@ from topics import names
 
 log = logging.getLogger(__name__)
 TRIM_INTERVAL_S = 5.0
+#: How long a receiver has to read what it was handed before it may be deleted.
+GRACE_S = 10.0
 
 
 class LogTrimmer:
@@ -40,14 +49,27 @@ class LogTrimmer:
         self._admin = AdminClient(settings.kafka_config())
         self._times = Consumer(settings.consumer_config(f"trimmer-{uuid.uuid4().hex[:8]}"))
         self._trimmed: dict[tuple[str, int], int] = {}
+        #: per log: (when, oldest offset needed then), oldest first
+        self._needed: dict[tuple[str, int], deque[tuple[float, int]]] = {}
 
     def trim(self, stored: list[bytes]) -> None:
-        """Trim the logs of these stored windows as far as each allows."""
+        """Trim the logs of these stored windows as far as each allowed
+        :data:`GRACE_S` ago."""
         wanted: dict[tuple[str, int], int] = {}
-        for raw in stored:
-            window = InflightWindow.from_bytes(raw)
-            tp = (names.entity_log(settings.namespace, window.entity), window.partition)
-            keep = self._keep_from(window, tp)
+        now = time.monotonic()
+        current = {(names.entity_log(settings.namespace, w.entity), w.partition): w
+                   for w in map(InflightWindow.from_bytes, stored)}
+        for gone in set(self._needed) - set(current):  # deleted queues, windows moved away
+            del self._needed[gone]
+        for tp, window in current.items():
+            needed = self._needed.setdefault(tp, deque())
+            needed.append((now, self._keep_from(window, tp)))
+            keep = None
+            while needed and needed[0][0] <= now - GRACE_S:
+                keep = needed.popleft()[1]
+            if keep is None:
+                continue
+            needed.appendleft((now - GRACE_S, keep))  # still the newest one that old
             if keep > self._trimmed.get(tp, 0):
                 wanted[tp] = keep
         if not wanted:
