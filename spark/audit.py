@@ -187,11 +187,12 @@ def _judge(messages: pd.DataFrame, states: pd.DataFrame, freshness: pd.DataFrame
            log_starts: dict[tuple[str, int], int], now: int, grace_ms: int) -> AuditReport:
     report = AuditReport(windows=len(states))
     found = report.findings
-    named: dict[tuple[str, int], set[int]] = {}
+    trimmed_seen: dict[tuple[str, int], int] = {}  # offsets below the log start events name
     for row in messages.itertuples(index=False):
         where = {"entity": row.entity, "partition": int(row.partition), "offset": int(row.offset)}
-        named.setdefault((row.entity, int(row.partition)), set()).add(int(row.offset))
-        trimmed = int(row.offset) < log_starts.get((row.entity, int(row.partition)), 0)
+        window = (row.entity, int(row.partition))
+        trimmed = int(row.offset) < log_starts.get(window, 0)
+        trimmed_seen[window] = trimmed_seen.get(window, 0) + trimmed
         report.messages += bool(row.in_log or trimmed)
         if trimmed and row.state != "settled":
             found["lost"].append({**where, "state": row.state, "trimmed": True})
@@ -201,10 +202,11 @@ def _judge(messages: pd.DataFrame, states: pd.DataFrame, freshness: pd.DataFrame
             found["double"].append({**where, "settled_by_commands": int(row.settled_by)})
         if row.locked and row.lock_ends and row.lock_ends + grace_ms < now:
             found["stuck"].append({**where, "lock_ended_ms_ago": int(now - row.lock_ends)})
-    for (entity, partition), start in log_starts.items():  # trimmed, yet no event settled it
-        unnamed = set(range(start)) - named.get((entity, partition), set())
-        found["lost"] += [{"entity": entity, "partition": partition, "offset": offset,
-                           "state": "active", "trimmed": True} for offset in sorted(unnamed)]
+    for (entity, partition), start in log_starts.items():  # trimmed, yet no event named it
+        unnamed = start - trimmed_seen.get((entity, partition), 0)
+        if unnamed:
+            found["lost"].append({"entity": entity, "partition": partition,
+                                  "trimmed_without_events": unnamed})
     last_ts = {(r.entity, int(r.partition)): int(r.last_ts)
                for r in freshness.itertuples(index=False)}
     for state in states.itertuples(index=False):

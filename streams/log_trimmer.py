@@ -61,6 +61,7 @@ class LogTrimmer:
                    for w in map(InflightWindow.from_bytes, stored)}
         for gone in set(self._needed) - set(current):  # deleted queues, windows moved away
             del self._needed[gone]
+            self._trimmed.pop(gone, None)
         for tp, window in current.items():
             needed = self._needed.setdefault(tp, deque())
             needed.append((now, self._keep_from(window, tp)))
