@@ -1,11 +1,13 @@
 """The agent that answers every command: acquire, settle, expire, stats, drop.
 
 One command record carries a whole batch of offsets, so one Faust event and one
-table write serve many messages. The answer to a command is sent only after
-the window state it produced has been acknowledged by Kafka (the changelog
-record is flushed first): a client that got an answer can rely on it after any
-crash of the engine. State whose flush did not complete belongs to commands
-nobody got an answer to, which clients retry under the same command id.
+table write serve many messages. A command is finished (and its offset
+committable) only once Kafka has acknowledged its events and then the window
+state it produced, and only then is it answered: a client that got an answer
+can rely on it after any crash of the engine. A command cut short by a crash
+is processed again from the commands topic (and retried by its client under
+the same command id); its repeated events carry the same command id, which
+readers drop as repeats.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
+from streams import durable_table
 from streams.app import app, commands_topic, events_topic, replies_topic, state_topic, windows
 from streams.states import Event
 from streams.window import InflightWindow
@@ -64,8 +67,8 @@ async def _handle(event: EventT) -> None:
                 f"and sent to partition {command_partition(cmd.window_key, partitions or 1)}")
         return
     if cmd.op == "drop":
-        windows.pop(key, None)
         _parsed.pop(key, None)
+        await durable_table.delete(windows, key)
         _reply_ok(cmd, {})
         return
     window = _load(key, cmd)
@@ -87,8 +90,8 @@ async def _handle(event: EventT) -> None:
         # which readers drop as a repeat.
         await _publish(window, outcome.events, cmd.id)
         stored = window.to_bytes()
-        windows[key] = stored
         _parsed[key] = (stored, window)
+        await durable_table.put(windows, key, stored)
     _reply_ok(cmd, outcome.result)
 
 
@@ -146,13 +149,13 @@ def _answer(address: ReplyAddress, reply: Reply) -> None:
 
 @app.task
 async def send_replies() -> None:
-    """Flush state, then answer: batches every reply that queued meanwhile."""
+    """Answer in batches: every reply that queued meanwhile goes out together.
+    Each was queued after the state it reports was acknowledged."""
     while True:
         batch = [await _pending.get()]
         while not _pending.empty():
             batch.append(_pending.get_nowait())
         try:
-            await app.producer.flush()
             for address, reply in batch:
                 await replies_topic.send(key=reply.client.encode(), value=encode_reply(reply),
                                          partition=address.partition)
