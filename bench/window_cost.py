@@ -5,18 +5,18 @@
 Replays what a peek-lock receiver does -- ``acquire(B)`` then ``settle(B)``
 until N messages are completed -- against :class:`streams.window.InflightWindow`
 the way ``streams.command_agent`` does per command (decode the command, load
-the window from bytes, apply, store it as bytes), and reports the time of each
-step and how big the stored window gets (that is also what every command
-writes to RocksDB and the changelog topic).
+the window from its header, apply, encode the header with the command's
+writes), over an in-memory store, and reports the time of each step and how
+big a command's commit record gets (what it writes to the changelog at once).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import uuid
 
+from streams.store import MemoryStore
 from streams.window import InflightWindow
 from topics.commands import Command, Policy, ReplyAddress, decode_command, encode_command
 
@@ -28,8 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     n, b = args.messages, args.batch
     policy, reply = Policy(300_000, 10), ReplyAddress(0, "bench")
-    raw = InflightWindow("q", 0).to_bytes()
-    cost = {"decode_command": 0.0, "from_bytes": 0.0, "apply": 0.0, "to_bytes": 0.0}
+    store = MemoryStore()
+    raw: bytes | None = None
+    cost = {"decode_command": 0.0, "load": 0.0, "apply": 0.0, "commit_record": 0.0}
     sizes: list[int] = []
     grants: list[list[object]] = []
     now = int(time.time() * 1000)
@@ -46,12 +47,14 @@ def main(argv: list[str] | None = None) -> int:
             if op == "acquire":
                 args_ = {"sub": "active", "mode": "peek_lock", "max": b, "hw": n}
             else:
-                args_ = {"items": [[g[0], g[1], "complete", None, None] for g in grants]}
+                args_ = {"items": [[g[0], g[1], "complete", None, None, None, None]
+                                   for g in grants]}
             wire = encode_command(Command(uuid.uuid4().hex, op, "q", 0, reply, policy, args_))
             cmd = step("decode_command", decode_command, wire)
-            window = step("from_bytes", InflightWindow.from_bytes, raw)
+            window = step("load", InflightWindow.load, raw, "q", 0, store)
             outcome = step("apply", window.apply, cmd, now)
-            raw = step("to_bytes", window.to_bytes)
+            raw = step("commit_record", window.commit_record, outcome.writes)
+            store.apply(outcome.writes)
             sizes.append(len(raw))
             commands += 1
             if op == "acquire":
@@ -63,10 +66,8 @@ def main(argv: list[str] | None = None) -> int:
               f"({seconds / total:4.0%})")
     print(f"  all             {total * 1000 / commands:7.2f} ms/command -> this alone caps one "
           f"engine at {n / total:,.0f} msg/s")
-    body = json.loads(raw.partition(b"\n")[2])
-    recent = len(json.dumps(body["recent"], separators=(",", ":")))
-    print(f"stored window: max {max(sizes):,} B, last {sizes[-1]:,} B, of which 'recent' "
-          f"(remembered answers of the last {len(body['recent'])} commands) {recent:,} B")
+    print(f"commit record: max {max(sizes):,} B, last {sizes[-1]:,} B; "
+          f"{len(store):,} keys stored at the end")
     return 0
 
 

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from streams.due_index import SCHEDULE
+from streams.entries import Entry
 from streams.states import (
+    AVAILABLE,
     CANCELLED,
-    COMPLETED,
     DEAD,
     LOCKED,
     MAX_HOPS_REASON,
@@ -44,25 +46,28 @@ def accept(window: InflightWindow, first: int, end: int, items: list[list[int]],
     window stands (a repeat after a crash, say) changes nothing."""
     if window.scanned is None or first != window.scanned or end < first:
         return {"accepted": False, "scanned": window.scanned}
-    duplicates, scheduled, forwarded = [], [], []
+    duplicates, scheduled, forwarded, expiries = [], [], [], []
     for offset, expires, due, mark in items:
         if not first <= offset < end:
             continue
         if mark in (DUPLICATE, FORWARDED):
-            window.parked[offset] = [CANCELLED, 0, 0, 0, None, None, None]
+            window.put(offset, Entry(CANCELLED))
             (duplicates if mark == DUPLICATE else forwarded).append(offset)
             continue
         if mark in _TRANSFER_FAILURES:
             reason = _TRANSFER_FAILURES[mark]
-            window.parked[offset] = [TRANSFER_DEAD, 0, 0, 0, reason,
-                                     _describe(reason, window), window.entity]
+            window.put(offset, Entry(TRANSFER_DEAD, reason=reason,
+                                     description=_describe(reason, window),
+                                     source=window.entity))
             events.append(Event("transfer_dead_lettered", [offset], {"reason": reason}))
             continue
         if due:
-            window.parked[offset] = [SCHEDULED, 0, 0, due, None, None, None]
+            window.put(offset, Entry(SCHEDULED, until=due))
+            window.due.add(due, SCHEDULE, f"{offset:016x}", [offset])
             scheduled.append(offset)
         if expires:
-            window.expiries[offset] = expires
+            expiries.append([offset, expires])
+    window.expire_later(expiries)
     window.scanned = end
     window.see_log_end(end, events)
     if duplicates:
@@ -78,9 +83,10 @@ def dead_forwarded(window: InflightWindow, offsets: list[int], events: list[Even
                    ) -> dict[str, Any]:
     """Dead letters the scanner copied to ``forward_dead_letters_to`` leave
     the sub-queue (unless a receiver holds one: the next sweep retries)."""
-    moved = [o for o in offsets if (window.parked.get(o) or [None])[0] == DEAD]
+    moved = [o for o in offsets
+             if (entry := window.entries.get(o)) is not None and entry.state == DEAD]
     for offset in moved:
-        del window.parked[offset]
+        window.settled(offset)
     if moved:
         events.append(Event("forwarded", moved, {"to": window.forward_dead_letters_to}))
     return {"moved": moved}
@@ -93,25 +99,19 @@ def _describe(reason: str, window: InflightWindow) -> str:
     return f"the forward_to target {window.forward_to!r} does not exist"
 
 
-def expire_due(window: InflightWindow, now: int, events: list[Event]) -> None:
-    """Expire every message whose time to live has passed and that nobody
-    holds a lock on (a locked message expires when its lock ends)."""
-    if not window.expiries or min(window.expiries.values()) > now:
-        return
-    for offset, expires in sorted(window.expiries.items()):
+def expire_due(window: InflightWindow, now: int, items: list[list[int]],
+               events: list[Event]) -> None:
+    """Expire the messages of ``items`` (``[offset, expires]``) whose time to
+    live has passed and that nobody holds a lock on; a locked one is looked at
+    again when its lock ends, one not yet due when it is."""
+    later = []
+    for offset, expires in items:
+        entry = window.entries.get(offset)
         if expires > now:
-            continue
-        slot = window.slots.get(offset)
-        parked = window.parked.get(offset)
-        if slot is not None and slot[0] == LOCKED:
-            continue
-        del window.expiries[offset]
-        in_play = (slot is not None and slot[0] != COMPLETED) or (
-            parked is not None and parked[0] == SCHEDULED) or (
-            offset >= window.next and parked is None)
-        if in_play:
+            later.append([offset, expires])
+        elif entry is not None and entry.state == LOCKED:
+            later.append([offset, max(entry.until, now + 1)])
+        elif (entry is not None and entry.state in (AVAILABLE, SCHEDULED)) or (
+                entry is None and offset >= window.next):
             window.expire_message(offset, events)
-
-
-def next_expiry(window: InflightWindow) -> int | None:
-    return min(window.expiries.values()) if window.expiries else None
+    window.expire_later(later)

@@ -77,11 +77,14 @@ replies_topic = _bytes_topic(names.replies(namespace), specs.REPLY_PARTITIONS)
 events_topic = _bytes_topic(names.events(namespace), specs.ENGINE_PARTITIONS)
 state_topic = _bytes_topic(names.state(namespace), specs.ENGINE_PARTITIONS)
 
-#: entity#partition -> serialized :class:`streams.window.InflightWindow`.
-windows = app.Table(
-    "windows", default=None, key_type=bytes, value_type=bytes,
-    partitions=specs.ENGINE_PARTITIONS,
-)
+#: entity#partition -> a window's header (:meth:`streams.window.InflightWindow.to_bytes`),
+#: small, so that timers can read every header.
+headers = app.Table("headers", default=None, key_type=bytes, value_type=bytes,
+                    partitions=specs.ENGINE_PARTITIONS)
+#: everything else of the windows: entries, timers, answers (see streams.window).
+entries = app.Table("entries", default=None, key_type=bytes, value_type=bytes,
+                    partitions=specs.ENGINE_PARTITIONS)
+assert (headers.name, entries.name) == specs.ENGINE_TABLES
 
 
 from streams import (  # noqa: E402,F401  (registers them)

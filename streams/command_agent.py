@@ -1,13 +1,16 @@
 """The agent that answers every command: acquire, settle, expire, stats, drop.
 
-One command record carries a whole batch of offsets, so one Faust event and one
-table write serve many messages. A command is finished (and its offset
-committable) only once Kafka has acknowledged its events and then the window
-state it produced, and only then is it answered: a client that got an answer
-can rely on it after any crash of the engine. A command cut short by a crash
-is processed again from the commands topic (and retried by its client under
-the same command id); its repeated events carry the same command id, which
-readers drop as repeats.
+One command record carries a whole batch of offsets, so one Faust event and
+one small set of writes serve many messages. A command commits in one record:
+the window's header, carrying what the command wrote (its *redo*) and the
+events it produced (its *outbox*). Only once Kafka holds that record is the
+command answered; then its writes go to their own keys and its events to the
+events topic, and the next command waits until Kafka holds those too. A crash
+at any point leaves either nothing of the command (it is processed again from
+the commands topic, or retried by its client under the same command id), or
+its header, whose redo and outbox are applied again when the window is next
+loaded: state and events together, or not at all. Events published twice
+carry the same command id, which readers drop as repeats.
 """
 
 from __future__ import annotations
@@ -20,9 +23,17 @@ from typing import Any
 
 from faust.types import EventT, StreamT
 
-from streams import durable_table
-from streams.app import app, commands_topic, events_topic, replies_topic, state_topic, windows
+from streams.app import (
+    app,
+    commands_topic,
+    entries,
+    events_topic,
+    headers,
+    replies_topic,
+    state_topic,
+)
 from streams.states import Event
+from streams.table_store import TableStore
 from streams.window import InflightWindow
 from topics.commands import (
     Command,
@@ -35,8 +46,14 @@ from topics.commands import (
 )
 
 log = logging.getLogger(__name__)
+#: The largest header record (with its redo and outbox) the engine writes:
+#: under the 1 MB that Kafka brokers and producers accept by default.
+MAX_COMMIT_BYTES = 900_000
 _pending: asyncio.Queue[tuple[ReplyAddress, Reply]] = asyncio.Queue()
-_parsed: dict[bytes, tuple[bytes, InflightWindow]] = {}
+#: the previous command's writes and events on their way to Kafka
+_follow_up: asyncio.Future | None = None
+#: windows whose stored redo and outbox this worker has applied since it got them
+_recovered: set[bytes] = set()
 
 
 @app.agent(commands_topic)
@@ -47,6 +64,12 @@ async def process_commands(stream: StreamT) -> None:
         except Exception:  # never let one record stop the engine
             log.exception("command at %s[%d]@%d failed", event.message.topic,
                           event.message.partition, event.message.offset)
+
+
+@app.on_rebalance_complete.connect
+async def _forget_recovered(sender: object, **_: object) -> None:
+    """A window that moved away and back may carry another worker's redo."""
+    _recovered.clear()
 
 
 async def _handle(event: EventT) -> None:
@@ -60,75 +83,121 @@ async def _handle(event: EventT) -> None:
                                      error_code="BadCommand", error_message=str(exc)))
         return
     key = cmd.window_key.encode()
+    partition = event.message.partition
     partitions = app.consumer.topic_partitions(commands_topic.get_topic_name()) or 0
-    if event.key != key or (partitions and event.message.partition
+    if event.key != key or (partitions and partition
                             != command_partition(cmd.window_key, partitions)):
         _reject(cmd, "Misrouted", f"command for window {cmd.window_key} must be keyed by it "
                 f"and sent to partition {command_partition(cmd.window_key, partitions or 1)}")
         return
+    store = TableStore(entries, partition)
+    header_store = TableStore(headers, partition)
+    raw = header_store.get(key)
+    await _settle_previous()
+    if raw is not None and key not in _recovered:
+        await _recover(raw, store)
+        _recovered.add(key)
     if cmd.op == "drop":
-        _parsed.pop(key, None)
-        await durable_table.delete(windows, key)
+        await _drop(key, raw, store, header_store)
         _reply_ok(cmd, {})
         return
-    window = _load(key, cmd)
+    window = _load(raw, cmd, store)
     if window is None:
         return
-    try:
-        outcome = window.apply(cmd, int(time.time() * 1000))
-    except Exception:
-        _parsed.pop(key, None)  # the object may be half-changed; reload from the table
-        raise
+    outcome = window.apply(cmd, int(time.time() * 1000))
     if outcome.changed:
-        # Events are acknowledged by Kafka before the changelog record is even
-        # queued: a crash that kept the new state but lost its events would
-        # lose them for good (the retried command replays its answer and
-        # publishes nothing). Queueing them first is not enough on a cluster:
-        # the events' and the changelog's partitions may have different
-        # leaders, and either request may land first. Events without their
-        # state are published again by the retry under the same command id,
-        # which readers drop as a repeat.
-        await _publish(window, outcome.events, cmd.id)
-        stored = window.to_bytes()
-        _parsed[key] = (stored, window)
-        await durable_table.put(windows, key, stored)
+        outbox = _event_records(window, outcome.events, cmd.id)
+        committed = window.commit_record(outcome.writes, outbox)
+        if len(committed) > MAX_COMMIT_BYTES:
+            _reject(cmd, "StateTooLarge",
+                    f"what this {cmd.op} would store for {cmd.window_key} is "
+                    f"{len(committed)} bytes, more than the {MAX_COMMIT_BYTES} the engine "
+                    "writes at once: send fewer messages per call, or shorter "
+                    "dead-letter reasons and descriptions")
+            return
+        await header_store.write(key, committed)
+        _start_follow_up(store, outcome.writes, outbox)
     _reply_ok(cmd, outcome.result)
 
 
-def _load(key: bytes, cmd: Command) -> InflightWindow | None:
-    """The window as stored in the table, parsed once: the parsed object is
-    reused while the table still holds exactly the bytes it was stored as."""
-    raw = windows.get(key)
-    cached = _parsed.get(key)
-    if cached is not None and raw is not None and cached[0] == raw:
-        return cached[1]
+def _load(raw: bytes | None, cmd: Command, store: TableStore) -> InflightWindow | None:
     try:
-        return InflightWindow.from_bytes(raw) if raw else InflightWindow(cmd.entity,
-                                                                         cmd.partition)
+        return InflightWindow.load(raw, cmd.entity, cmd.partition, store)
     except (ValueError, KeyError, TypeError) as exc:
         log.error("window %s is unreadable (%s); leaving it untouched", cmd.window_key, exc)
         _reject(cmd, "StateUnreadable", f"the engine cannot read the state of {cmd.window_key}")
         return None
 
 
-async def _publish(window: InflightWindow, events: list[Event], command_id: str) -> None:
-    """Settlement events (one record per kind) and the window's new summary,
-    returning once Kafka has acknowledged them.
+def _event_records(window: InflightWindow, events: list[Event], command_id: str
+                   ) -> list[dict[str, Any]]:
+    """Settlement events (one record per kind), then the window's new summary
+    for the state topic (the record without a ``type``).
 
-    Each event names the command that caused it: a command processed again
-    after a crash (before its state was flushed) publishes its events again,
-    and readers drop those repeats by (cmd, type, entity, partition)."""
+    Each event names the command that caused it, so readers can drop the
+    repeats a recovery publishes again, by (cmd, type, entity, partition)."""
     now = int(time.time() * 1000)
-    key = f"{window.entity}#{window.partition}".encode()
+    records: list[dict[str, Any]] = [
+        {"type": ev.type, "entity": window.entity, "partition": window.partition,
+         "offsets": ev.offsets, "count": ev.count, "ts": now, "cmd": command_id, **ev.extra}
+        for ev in events]
+    return [*records, {**window.summary(), "ts": now}]
+
+
+def _start_follow_up(store: TableStore, writes: dict[bytes, bytes | None],
+                     outbox: list[dict[str, Any]]) -> None:
+    """Send a committed command's writes and events; the next command waits
+    for them (:func:`_settle_previous`)."""
+    global _follow_up
+    sent = [store.write(k, v) for k, v in writes.items()]
+    sent += _publish(outbox)
+    _follow_up = asyncio.ensure_future(asyncio.gather(*sent))
+
+
+async def _settle_previous() -> None:
+    """Wait until Kafka holds the previous command's writes and events: the
+    redo of a header covers only its own command."""
+    global _follow_up
+    if _follow_up is not None:
+        pending, _follow_up = _follow_up, None
+        try:
+            await pending
+        except Exception:
+            # Its header is still the latest of its window: loading it again
+            # re-sends what did not arrive. This command fails; it is retried.
+            _recovered.clear()
+            raise
+
+
+def _publish(outbox: list[dict[str, Any]]) -> list[asyncio.Future]:
     sent = []
-    for ev in events:
-        record: dict[str, Any] = {"type": ev.type, "entity": window.entity,
-                                  "partition": window.partition, "offsets": ev.offsets,
-                                  "count": ev.count, "ts": now, "cmd": command_id, **ev.extra}
-        sent.append(await events_topic.send(key=key, value=json.dumps(record).encode()))
-    sent.append(await state_topic.send(
-        key=key, value=json.dumps({**window.summary(), "ts": now}).encode()))
-    await asyncio.gather(*sent)  # acknowledged (acks=all), or an error for the caller
+    for record in outbox:
+        topic = events_topic if "type" in record else state_topic
+        key = f"{record['entity']}#{record['partition']}".encode()
+        sent.append(asyncio.ensure_future(
+            topic.send(key=key, value=json.dumps(record).encode())))
+    return sent
+
+
+async def _recover(raw: bytes, store: TableStore) -> None:
+    """Apply the stored header's redo and publish its outbox again: the
+    worker that wrote it may have died before they reached Kafka."""
+    body = InflightWindow.body_of(raw)
+    sent = [store.write(k, v) for k, v in InflightWindow.redo_of(body).items()]
+    sent += _publish(body.get("outbox", []))
+    await asyncio.gather(*sent)
+
+
+async def _drop(key: bytes, raw: bytes | None, store: TableStore,
+                header_store: TableStore) -> None:
+    """Forget a deleted entity's window: its header and every key under it."""
+    if raw is None:
+        return
+    body = InflightWindow.body_of(raw)
+    prefix = InflightWindow(body["entity"], body["partition"]).prefix
+    await header_store.write(key, None)
+    stale = [k for k, _ in store.range(prefix, prefix[:-1] + b"\x01")]
+    await asyncio.gather(*(store.write(k, None) for k in stale))
 
 
 def _reply_ok(cmd: Command, result: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from streams.app import app, commands_topic, timer_interval, windows
+from streams.app import app, commands_topic, headers, timer_interval
 from streams.window import InflightWindow
 from topics import specs
 from topics.commands import Command, command_partition, encode_command
@@ -22,7 +22,7 @@ from topics.names import split_window_key
 @app.timer(interval=timer_interval)
 async def sweep_lapsed_locks() -> None:
     now = int(time.time() * 1000)
-    for key, raw in list(windows.items()):
+    for key, raw in list(headers.items()):
         wake = InflightWindow.wake_of(raw) if raw else None
         if wake is None or wake > now:
             continue

@@ -22,7 +22,6 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from streams.acceptance import DUPLICATE, PLAIN
 from streams.forwarding import Forwarder
-from streams.states import DEAD
 from streams.window import InflightWindow
 from topics import names
 from topics.commands import Command
@@ -32,6 +31,8 @@ from topics.offsets import take
 log = logging.getLogger(__name__)
 MAX_RECORDS = 5000
 
+#: dead letters looked at per scan for forward_dead_letters_to
+_DEAD_LETTERS_PER_SCAN = 1_000
 
 class LogScanner:
     """Scans from a worker thread; :meth:`reset` may come from another."""
@@ -100,7 +101,8 @@ class LogScanner:
     def _forward_dead_letters(self, window: InflightWindow) -> Command | None:
         if not window.forward_dead_letters_to:
             return None
-        dead = {o: (p[4], p[5]) for o, p in window.parked.items() if p[0] == DEAD}
+        dead = {o: (reason, description)
+                for o, reason, description in window.dead_letters(_DEAD_LETTERS_PER_SCAN)}
         key = f"{window.entity}#{window.partition}"
         fresh = sorted(o for o in dead if (key, o) not in self._dead_sent)
         if not fresh:

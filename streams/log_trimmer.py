@@ -32,7 +32,7 @@ from collections import deque
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from streams.app import app, settings, windows
+from streams.app import app, headers, settings
 from streams.window import InflightWindow
 from topics import names
 
@@ -58,7 +58,7 @@ class LogTrimmer:
         wanted: dict[tuple[str, int], int] = {}
         now = time.monotonic()
         current = {(names.entity_log(settings.namespace, w.entity), w.partition): w
-                   for w in map(InflightWindow.from_bytes, stored)}
+                   for w in map(InflightWindow.from_header, stored)}
         for gone in set(self._needed) - set(current):  # deleted queues, windows moved away
             del self._needed[gone]
             self._trimmed.pop(gone, None)
@@ -89,7 +89,7 @@ class LogTrimmer:
             log.debug("log start of %s[%d] is now %d", *tp, request.offset)
 
     def _keep_from(self, window: InflightWindow, tp: tuple[str, int]) -> int:
-        keep = window.retained_from()
+        keep = window.retained
         if window.duplicate_window_ms:
             since = int(time.time() * 1000) - window.duplicate_window_ms
             found = self._times.offsets_for_times([TopicPartition(*tp, since)], timeout=10)[0]
@@ -103,7 +103,7 @@ if settings.profile.deletes_records:
 
     @app.timer(interval=TRIM_INTERVAL_S)
     async def trim_entity_logs() -> None:
-        stored = [raw for raw in list(windows.values()) if raw]
+        stored = [raw for raw in list(headers.values()) if raw]
         try:
             await asyncio.to_thread(_trimmer.trim, stored)
         except Exception:  # never let trimming stop the engine; the next pass retries

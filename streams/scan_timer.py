@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from streams.app import app, commands_topic, settings, windows
+from streams.app import app, commands_topic, entries, headers, settings
 from streams.log_scanner import LogScanner
+from streams.table_store import TableStore
 from streams.window import InflightWindow
 from topics import specs
 from topics.commands import command_partition, encode_command
+from topics.names import split_window_key
 
 _scanner = LogScanner(settings)
 
@@ -27,20 +29,27 @@ async def scan_queue_logs() -> None:
     listed_at = 0.0
     while True:
         if time.monotonic() - listed_at > 1.0:
-            scanned = [key for key, raw in list(windows.items())
+            scanned = [key for key, raw in list(headers.items())
                        if raw and InflightWindow.is_scanned(raw)]
             listed_at = time.monotonic()
         busy = False
         for key in scanned:
-            raw = windows.get(key)
+            raw = headers.get(key)
             if not raw:
                 continue
-            for cmd in await asyncio.to_thread(_scanner.scan, InflightWindow.from_bytes(raw)):
+            for cmd in await asyncio.to_thread(_scanner.scan, _window(key, raw)):
                 busy = True
                 await commands_topic.send(
                     key=key, value=encode_command(cmd),
                     partition=command_partition(key.decode(), specs.ENGINE_PARTITIONS))
         await asyncio.sleep(0.005 if busy else 0.05)
+
+
+def _window(key: bytes, raw: bytes) -> InflightWindow:
+    """A stored window, read-only: the scanner reads its header and dead letters."""
+    entity, partition = split_window_key(key.decode())
+    store = TableStore(entries, command_partition(key.decode(), specs.ENGINE_PARTITIONS))
+    return InflightWindow.load(raw, entity, partition, store)
 
 
 @app.on_rebalance_complete.connect

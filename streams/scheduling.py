@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from streams.due_index import SCHEDULE
+from streams.entries import Entry
 from streams.states import AVAILABLE, CANCELLED, SCHEDULED, Event
 
 if TYPE_CHECKING:
@@ -25,11 +27,10 @@ def schedule(window: InflightWindow, items: list[list[int]], events: list[Event]
     parked, statuses = [], []
     window.see_log_end(max(offset for offset, _ in items) + 1, events)  # the sender saw them
     for offset, due in items:
-        slot = window.slots.get(offset)
-        fresh = offset >= window.next and offset not in window.parked
-        if fresh or (slot is not None and slot[0] == AVAILABLE):
-            window.slots.pop(offset, None)
-            window.parked[offset] = [SCHEDULED, slot[1] if slot else 0, 0, due, None, None, None]
+        entry = window.entries.get(offset)
+        fresh = offset >= window.next and entry is None
+        if fresh or (entry is not None and entry.state == AVAILABLE):
+            _park(window, offset, entry.deliveries if entry else 0, due)
             parked.append(offset)
             statuses.append(["ok", due])
         else:
@@ -39,24 +40,26 @@ def schedule(window: InflightWindow, items: list[list[int]], events: list[Event]
     return {"results": statuses}
 
 
-def park(window: InflightWindow, offset: int, entry: list[Any], due: int) -> None:
+def park(window: InflightWindow, offset: int, entry: Entry, due: int) -> None:
     """A receiver met a message before it was due: park it; the delivery the
     lock counted did not happen."""
-    window.slots.pop(offset, None)
-    window.parked[offset] = [SCHEDULED, max(entry[1] - 1, 0), 0, due, None, None, None]
+    _park(window, offset, max(entry.deliveries - 1, 0), due)
+
+
+def _park(window: InflightWindow, offset: int, deliveries: int, due: int) -> None:
+    window.put(offset, Entry(SCHEDULED, deliveries, until=due))
+    window.due.add(due, SCHEDULE, f"{offset:016x}", [offset])
 
 
 def cancel(window: InflightWindow, offsets: list[int], events: list[Event]) -> dict[str, Any]:
     statuses, cancelled = [], []
     for offset in offsets:
-        entry = window.parked.get(offset)
-        if entry is None or entry[0] != SCHEDULED:
+        entry = window.entries.get(offset)
+        if entry is None or entry.state != SCHEDULED:
             statuses.append(["invalid", 0])
             continue
-        if offset >= window.next:  # not yet reached: the grant loop must skip it
-            entry[0] = CANCELLED
-        else:
-            del window.parked[offset]
+        # Not yet reached, it stays cancelled so the grant loop skips it.
+        window.put(offset, Entry(CANCELLED) if offset >= window.next else None)
         cancelled.append(offset)
         statuses.append(["ok", 0])
     if cancelled:
@@ -64,17 +67,12 @@ def cancel(window: InflightWindow, offsets: list[int], events: list[Event]) -> d
     return {"results": statuses}
 
 
-def activate_due(window: InflightWindow, now: int, events: list[Event]) -> None:
-    """Scheduled messages whose time has come become available."""
-    due = [o for o, p in window.parked.items() if p[0] == SCHEDULED and p[3] <= now]
-    for offset in due:
-        entry = window.parked.pop(offset)
-        if offset < window.next:  # handed out before: back among the redeliveries
-            window.slots[offset] = [AVAILABLE, entry[1], 0, 0]
-    if due:
-        events.append(Event("activated", due))
-
-
-def next_due(window: InflightWindow) -> int | None:
-    dues = [p[3] for p in window.parked.values() if p[0] == SCHEDULED]
-    return min(dues) if dues else None
+def activate(window: InflightWindow, offsets: list[int], events: list[Event]) -> None:
+    """Scheduled messages whose time has come become available: those handed
+    out before go back among the redeliveries, the others wait to be reached."""
+    for offset in offsets:
+        entry = window.entries.get(offset)
+        assert entry is not None
+        window.put(offset, Entry(AVAILABLE, entry.deliveries) if offset < window.next else None)
+    if offsets:
+        events.append(Event("activated", offsets))

@@ -1,6 +1,6 @@
 """States of an offset in an in-flight window, and what a command produces.
 
-One letter per state keeps the stored window small.
+One letter per state keeps the stored entries small.
 """
 
 from __future__ import annotations
@@ -52,3 +52,5 @@ class Outcome:
     result: dict[str, Any]
     events: list[Event]
     changed: bool = True
+    #: store key -> new value (None: deleted), what the command changed
+    writes: dict[bytes, bytes | None] = field(default_factory=dict)

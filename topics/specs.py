@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 ENGINE_PARTITIONS = 8
 REPLY_PARTITIONS = 8
+#: the engine's Faust tables: window headers, and everything else of the windows
+ENGINE_TABLES = ("headers", "entries")
 _DAY_MS = 24 * 3600 * 1000
 
 
@@ -55,8 +57,8 @@ def engine_tables(namespace: str) -> list[TopicSpec]:
     Faust would create them itself, but on a cluster it reads the new topic's
     partition count before its metadata has spread, finds 0 partitions and
     refuses every table write (``PartitionsMismatch``)."""
-    return [TopicSpec(names.table_changelog(namespace, "windows"), ENGINE_PARTITIONS,
-                      {"cleanup.policy": "compact"})]
+    return [TopicSpec(names.table_changelog(namespace, table), ENGINE_PARTITIONS,
+                      {"cleanup.policy": "compact"}) for table in ENGINE_TABLES]
 
 
 def entity_topics(namespace: str, entity: str, partitions: int) -> list[TopicSpec]:

@@ -1,0 +1,54 @@
+"""What a window must do at a given time, ordered by that time.
+
+Lock ends, scheduled messages coming due and time-to-live expiries are keys
+``<due><kind><id>`` holding the offsets concerned, one key per command that
+set them (a whole acquired batch shares one lock end). The window finds what
+is due by reading the range of keys up to now, and its next wake-up is the
+first key. A key may name offsets whose state has moved on since (settled,
+renewed): whoever handles it checks each entry, so nothing has to be removed
+when a lock is settled early.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from streams.store import Txn
+
+LOCK, SCHEDULE, EXPIRY = "L", "S", "E"
+_DUE_WIDTH = 13  # hex digits of a millisecond timestamp, good past the year 10000
+
+
+class DueIndex:
+    """One window's timers over a transaction."""
+
+    def __init__(self, txn: Txn, prefix: bytes) -> None:
+        self._txn = txn
+        self._prefix = prefix + b"t"
+
+    def add(self, due: int, kind: str, ident: str, items: list[Any]) -> None:
+        """Remember ``items`` (offsets, or ``[offset, expires]`` pairs) for ``due``."""
+        if not items:
+            return
+        key = self._prefix + f"{due:0{_DUE_WIDTH}x}{kind}{ident}".encode()
+        raw = self._txn.get(key)
+        stored = json.loads(raw) if raw else []
+        self._txn.put(key, json.dumps(stored + items, separators=(",", ":")).encode())
+
+    def due(self, now: int) -> Iterator[tuple[bytes, str, list[Any]]]:
+        """Keys due at ``now`` or before, oldest first: ``(key, kind, items)``."""
+        stop = self._prefix + f"{now + 1:0{_DUE_WIDTH}x}".encode()
+        for key, raw in list(self._txn.range(self._prefix, stop)):
+            yield key, chr(key[len(self._prefix) + _DUE_WIDTH]), json.loads(raw)
+
+    def remove(self, key: bytes) -> None:
+        self._txn.delete(key)
+
+    def first(self) -> int | None:
+        """When the earliest timer is due."""
+        found = self._txn.first(self._prefix, self._prefix + b"~")
+        if found is None:
+            return None
+        return int(found[0][len(self._prefix):len(self._prefix) + _DUE_WIDTH], 16)

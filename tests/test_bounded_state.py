@@ -1,0 +1,140 @@
+"""Engine state that scales with what is in flight, not with what a queue holds.
+
+Before the window was split into bounded keys, one JSON value held all of a
+partition's state: at 20,000 dead letters its changelog record passed 1 MB
+and the worker died. Answers to commands are kept by command id for minutes,
+not the last 64, and a command whose state cannot be stored is refused
+while the worker goes on serving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from settlement import (
+    ServiceBusClient,
+    ServiceBusMessage,
+    ServiceBusSubQueue,
+)
+from settlement._engine_link import EngineLink
+from settlement.exceptions import ServiceBusError
+from settlement.management import ServiceBusAdministrationClient
+from streams.process import EngineProcess
+from topics.connection import parse_connection_string
+
+DEAD = 30_000
+BATCH = 1_000
+
+
+def _receive_all(receiver, want: int, settle: Callable[[list], None]) -> int:  # type: ignore[no-untyped-def]
+    done = 0
+    while done < want:
+        batch = receiver.receive_messages(BATCH, max_wait_time=5)
+        assert batch, f"the queue ran dry after {done} of {want} messages"
+        settle(batch)
+        done += len(batch)
+    return done
+
+
+def test_30000_dead_letters_keep_serving_and_drain_completely(
+        client: ServiceBusClient, admin: ServiceBusAdministrationClient,
+        make_queue: Callable[..., str], engine: EngineProcess) -> None:
+    queue = make_queue(partition_count=1, lock_duration=60)
+    with client.get_queue_sender(queue) as sender:
+        for first in range(0, DEAD, 5_000):
+            sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(first, first + 5_000)])
+    with client.get_queue_receiver(queue) as receiver:
+        def dead_letter(batch: list) -> None:
+            results = receiver.settle_messages(batch, "dead_letter", "Poison", "cannot parse")
+            assert all(r.succeeded for r in results)
+
+        _receive_all(receiver, DEAD, dead_letter)
+        assert admin.get_queue_runtime_properties(queue).dead_letter_message_count == DEAD
+
+        # The queue goes on serving with all of them parked.
+        with client.get_queue_sender(queue) as sender:
+            sender.send_messages([ServiceBusMessage(f"new{i}") for i in range(10)])
+        fresh = receiver.receive_messages(10, max_wait_time=10)
+        assert sorted(str(m) for m in fresh) == sorted(f"new{i}" for i in range(10))
+        for message in fresh:
+            receiver.complete_message(message)
+
+    with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+        def complete(batch: list) -> None:
+            assert all(m.dead_letter_reason == "Poison" for m in batch)
+            assert all(r.succeeded for r in dlq.complete_messages(batch))
+
+        assert _receive_all(dlq, DEAD, complete) == DEAD
+        assert dlq.receive_messages(10, max_wait_time=1) == []
+    props = admin.get_queue_runtime_properties(queue)
+    assert (props.dead_letter_message_count, props.active_message_count) == (0, 0)
+    assert engine.pid  # the same worker served it all
+
+
+def test_retried_commands_after_500_others_are_answered_not_applied_again(
+        conn: str, client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+    queue = make_queue(partition_count=1, lock_duration=60)
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(3)])
+    link = EngineLink(parse_connection_string(conn))
+    try:
+        acquire = link.command("acquire", queue, 0, sub="active", mode="peek_lock", max=1, hw=3)
+        granted = link.call(acquire).result["grants"]
+        assert [g[0] for g in granted] == [0]
+        complete = link.command("settle", queue, 0, items=[
+            [0, granted[0][1], "complete", None, None, None, None]])
+        assert link.call(complete).result["results"] == [["ok", 0]]
+
+        others = [link.command("settle", queue, 0, items=[
+            [2, "00000000-0000-0000-0000-000000000000", "complete", None, None, None, None]])
+            for _ in range(500)]
+        assert {r.result["results"][0][0] for r in link.call_many(others)} == {"lock_lost"}
+
+        again = link.call(acquire)  # the same command id: the same answer
+        assert again.ok and again.result["grants"] == []  # its one lock was settled since
+        assert link.call(complete).result["results"] == [["ok", 0]]  # not "lock_lost"
+        fresh = link.call(link.command("acquire", queue, 0, sub="active", mode="peek_lock",
+                                       max=5, hw=3)).result["grants"]
+        assert [g[0] for g in fresh] == [1, 2], "the retried acquire took a message again"
+    finally:
+        link.close()
+
+
+def test_state_too_large_to_store_is_refused_and_the_worker_goes_on(
+        client: ServiceBusClient, admin: ServiceBusAdministrationClient,
+        make_queue: Callable[..., str]) -> None:
+    queue = make_queue(partition_count=1, lock_duration=60)
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(128)])
+    # The longest reason and description a command accepts: 128 of them in
+    # one chunk of entries pass what the engine writes at once.
+    reason, description = "r" * 4_000, "x" * 4_000
+    refused: list[ServiceBusError] = []
+    with client.get_queue_receiver(queue) as receiver:
+        messages = []
+        while len(messages) < 128:
+            messages += receiver.receive_messages(128 - len(messages), max_wait_time=5)
+        for message in messages:
+            try:
+                receiver.dead_letter_message(message, reason, description)
+            except ServiceBusError as exc:
+                refused.append(exc)
+                receiver.complete_message(message)  # the lock is still held: settle otherwise
+    assert refused, "128 dead letters of 8 KB each were all stored in one chunk"
+    assert all(exc.error_code == "StateTooLarge" for exc in refused), [str(e) for e in refused[:3]]
+    assert "fewer messages" in str(refused[0])
+    props = admin.get_queue_runtime_properties(queue)
+    assert props.dead_letter_message_count == 128 - len(refused)
+    assert props.active_message_count == 0
+    other = f"{queue}-after"
+    admin.create_queue(other)
+    try:
+        with client.get_queue_sender(other) as sender:
+            sender.send_messages(ServiceBusMessage("still here"))
+        with client.get_queue_receiver(other) as receiver:
+            got = receiver.receive_messages(1, max_wait_time=10)
+            assert [str(m) for m in got] == ["still here"]
+            receiver.complete_message(got[0])
+    finally:
+        admin.delete_queue(other)
+
