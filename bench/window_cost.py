@@ -49,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 args_ = {"items": [[g[0], g[1], "complete", None, None, None, None]
                                    for g in grants]}
-            wire = encode_command(Command(uuid.uuid4().hex, op, "q", 0, reply, policy, args_))
+            wire = encode_command(Command(uuid.uuid4().hex, op, "q", 0, reply, None, args_))
             cmd = step("decode_command", decode_command, wire)
             window = step("load", InflightWindow.load, raw, "q", 0, store)
-            outcome = step("apply", window.apply, cmd, now)
+            outcome = step("apply", window.apply, cmd, now, (0, policy))
             raw = step("commit_record", window.commit_record, outcome.writes)
             store.apply(outcome.writes)
             sizes.append(len(raw))

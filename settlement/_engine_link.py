@@ -74,8 +74,10 @@ class EngineLink:
                                         daemon=True)
         self._thread.start()
 
-    def command(self, op: str, entity: str, partition: int, policy: Policy | None = None,
+    def command(self, op: str, entity: str, partition: int, *, policy: Policy | None = None,
                 **args: object) -> Command:
+        """A command for the window ``entity#partition``. Only ``define``
+        carries a policy: the engine knows each queue's from its definition."""
         return Command(uuid.uuid4().hex, op, entity, partition,
                        ReplyAddress(self.reply_partition, self.client_id), policy, dict(args))
 

@@ -88,11 +88,16 @@ class EntityRegistry:
                 f"'settlement queue create {name}'"
             ) from None
 
-    def put(self, props: QueueProperties | None, name: str) -> None:
+    def put(self, props: QueueProperties | None, name: str) -> int:
+        """Write (or with None, delete) a definition; returns its offset, which
+        is the version of the queue's policy."""
         producer = Producer({**self._settings.kafka_config(), "acks": "all",
                              "enable.idempotence": True})
+        written: list[int] = []
         producer.produce(self._topic, None if props is None else props.to_json(),
-                         key=name.encode(), partition=0)
-        if producer.flush(15) != 0:
+                         key=name.encode(), partition=0,
+                         on_delivery=lambda err, msg: err is None and written.append(msg.offset()))
+        if producer.flush(15) != 0 or not written:
             raise TimeoutError(f"could not write the definition of {name!r} to {self._topic}")
         self._loaded_at = 0.0
+        return written[0]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from settlement._engine_link import EngineLink
-from topics.commands import MAX_ACQUIRE, Policy, Reply
+from topics.commands import MAX_ACQUIRE, Reply
 
 
 @dataclass
@@ -42,8 +42,7 @@ class SettleBatcher:
         self.commands_sent = 0
         self.items_sent = 0
 
-    def settle(self, entity: str, partition: int, policy: Policy,
-               items: list[list[Any]]) -> Reply:
+    def settle(self, entity: str, partition: int, items: list[list[Any]]) -> Reply:
         """The engine's answer to ``items``: ``result["results"]`` in their order."""
         window = (entity, partition)
         request = _Request(items)
@@ -55,7 +54,7 @@ class SettleBatcher:
         while True:
             if request.lead:  # the leader's own request is first in the batch it sends
                 request.lead = False
-                self._send_next(window, policy)
+                self._send_next(window)
             if request.answered:
                 break
             request.wake.wait()
@@ -65,7 +64,7 @@ class SettleBatcher:
         assert request.reply is not None
         return request.reply
 
-    def _send_next(self, window: tuple[str, int], policy: Policy) -> None:
+    def _send_next(self, window: tuple[str, int]) -> None:
         """Send one command for the queued requests, then hand the lead on."""
         with self._lock:
             queued = self._queued.pop(window, [])
@@ -76,7 +75,7 @@ class SettleBatcher:
             if queued:
                 self._queued[window] = queued
         try:
-            cmd = self._link.command("settle", window[0], window[1], policy,
+            cmd = self._link.command("settle", window[0], window[1],
                                      items=[item for r in batch for item in r.items])
             self.commands_sent += 1
             self.items_sent += len(cmd.args["items"])

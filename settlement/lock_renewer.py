@@ -77,7 +77,7 @@ class AutoLockRenewer:
     def _due(message: ServiceBusReceivedMessage, receiver: ServiceBusReceiver) -> bool:
         if message.locked_until_utc is None:
             return False
-        margin = min(10.0, receiver._policy.lock_ms / 2000)
+        margin = min(10.0, receiver._props.lock_duration.total_seconds() / 2)
         left = (message.locked_until_utc - dt.datetime.now(dt.UTC)).total_seconds()
         return left < margin
 

@@ -82,7 +82,6 @@ class ServiceBusReceiver:
         self._sub = "active" if sub_queue is None else sub_queue.value
         self._max_wait_time = max_wait_time
         self._prefetch = max(prefetch_count, 1)
-        self._policy = props.policy()
         self._topic = names.entity_log(settings.namespace, props.name)
         self._readers: dict[int, PartitionReader] = {}
         self._turn = itertools.cycle(range(props.partition_count))
@@ -116,7 +115,7 @@ class ServiceBusReceiver:
             partition = next(self._turn)
             reader = self._reader(partition)
             hw = reader.high_watermark() if self._sub == "active" else 0
-            cmd = self._link.command("acquire", self._props.name, partition, self._policy,
+            cmd = self._link.command("acquire", self._props.name, partition,
                                      sub=self._sub, mode=self.receive_mode.value,
                                      max=want - len(got), hw=hw)
             reply = self._link.call(cmd)
@@ -168,7 +167,7 @@ class ServiceBusReceiver:
             out.append(message)
         if withheld and not peeked and self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK:
             _raise_for(self._link.call(self._link.command(
-                "settle", self._props.name, partition, self._policy, items=withheld)),
+                "settle", self._props.name, partition, items=withheld)),
                 self.entity_path)
         return out
 
@@ -199,7 +198,7 @@ class ServiceBusReceiver:
         while partition < self._props.partition_count and len(out) < max_message_count:
             hw = self._reader(partition).high_watermark()
             reply = self._link.call(self._link.command(
-                "peek", self._props.name, partition, self._policy, sub=self._sub,
+                "peek", self._props.name, partition, sub=self._sub,
                 **{"from": offset}, max=max_message_count - len(out), hw=hw))
             _raise_for(reply, self.entity_path)
             entries = reply.result["messages"]
@@ -228,7 +227,7 @@ class ServiceBusReceiver:
         out = []
         for partition, offsets in sorted(by_partition.items()):
             reply = self._link.call(self._link.command(
-                "acquire_deferred", self._props.name, partition, self._policy, offsets=offsets))
+                "acquire_deferred", self._props.name, partition, offsets=offsets))
             _raise_for(reply, self.entity_path)
             out += self._materialize(partition, reply.result["grants"])
         return out
@@ -288,7 +287,7 @@ class ServiceBusReceiver:
         results: dict[int, SettlementResult] = {}
         for partition, group in sorted(by_partition.items()):
             reply = self._batcher.settle(
-                self._props.name, partition, self._policy,
+                self._props.name, partition,
                 [[m.offset, m.lock_token, action, reason, description, None, _enqueued_ms(m)]
                  for m in group])
             _raise_for(reply, self.entity_path)

@@ -102,9 +102,8 @@ class ServiceBusSender:
         for seq in seqs:
             partition, offset = split_sequence_number(seq)
             by_partition.setdefault(partition, []).append(offset)
-        link, policy = self._engine(), self._registry.get(self.entity_name).policy()
-        replies = link.call_many([link.command("cancel", self.entity_name, p, policy,
-                                               offsets=offsets)
+        link = self._engine()
+        replies = link.call_many([link.command("cancel", self.entity_name, p, offsets=offsets)
                                   for p, offsets in sorted(by_partition.items())])
         missing = [sequence_number(p, o)
                    for (p, offsets), reply in zip(sorted(by_partition.items()), replies,
@@ -183,8 +182,8 @@ class ServiceBusSender:
                 by_partition.setdefault(partition, []).append([offset, due_ms, expires_ms])
         if not by_partition:
             return
-        link, policy = self._engine(), self._registry.get(self.entity_name).policy()
-        link.call_many([link.command("announce", self.entity_name, p, policy, items=items)
+        link = self._engine()
+        link.call_many([link.command("announce", self.entity_name, p, items=items)
                         for p, items in sorted(by_partition.items())])
 
     def _produce(self, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]],

@@ -30,8 +30,10 @@ from streams.app import (
     events_topic,
     headers,
     replies_topic,
+    settings,
     state_topic,
 )
+from streams.definitions import Definitions
 from streams.states import Event
 from streams.table_store import TableStore
 from streams.window import InflightWindow
@@ -54,6 +56,14 @@ _pending: asyncio.Queue[tuple[ReplyAddress, Reply]] = asyncio.Queue()
 _follow_up: asyncio.Future | None = None
 #: windows whose stored redo and outbox this worker has applied since it got them
 _recovered: set[bytes] = set()
+_followed: list[Definitions] = []
+
+
+def _definitions() -> Definitions:
+    """The queues' policies, followed from the first command on."""
+    if not _followed:
+        _followed.append(Definitions(settings))
+    return _followed[0]
 
 
 @app.agent(commands_topic)
@@ -104,7 +114,8 @@ async def _handle(event: EventT) -> None:
     window = _load(raw, cmd, store)
     if window is None:
         return
-    outcome = window.apply(cmd, int(time.time() * 1000))
+    policy = await _definitions().policy_as_of(cmd.entity, int(event.message.timestamp * 1000))
+    outcome = window.apply(cmd, int(time.time() * 1000), policy)
     if outcome.changed:
         outbox = _event_records(window, outcome.events, cmd.id)
         committed = window.commit_record(outcome.writes, outbox)

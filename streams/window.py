@@ -93,6 +93,8 @@ class InflightWindow:
         self.default_ttl_ms = 0
         self.forward_to: str | None = None
         self.forward_dead_letters_to: str | None = None
+        #: the offset of the queue definition the policy above comes from (-1: none yet)
+        self.policy_version = -1
         #: Accepted up to here (queues whose headers the engine scans); None: not scanned.
         self.scanned: int | None = None
         #: state -> entries in it
@@ -122,8 +124,8 @@ class InflightWindow:
     # ----------------------------------------------------------------- header
     _HEADER_FIELDS = ("start", "next", "hw", "lock_ms", "max_delivery", "dead_letter_expired",
                       "duplicate_window_ms", "default_ttl_ms", "forward_to",
-                      "forward_dead_letters_to", "scanned", "counts", "ahead", "totals", "wake",
-                      "retained")
+                      "forward_dead_letters_to", "policy_version", "scanned", "counts", "ahead",
+                      "totals", "wake", "retained")
 
     def header(self) -> dict[str, Any]:
         return {"entity": self.entity, "partition": self.partition,
@@ -191,13 +193,18 @@ class InflightWindow:
         return self.due.first()
 
     # -------------------------------------------------------------- dispatcher
-    def apply(self, cmd: Command, now: int) -> Outcome:
+    def apply(self, cmd: Command, now: int, policy: tuple[int, Policy] | None = None
+              ) -> Outcome:
         """Apply one command; a command id seen before returns its first answer.
-        The outcome's ``writes`` are what the command changed in the store."""
+        ``policy`` is the queue's newest known ``(version, policy)``; a
+        ``define`` command carries one too. The outcome's ``writes`` are what
+        the command changed in the store."""
         self._begin()
         before = self.header()
-        if cmd.policy is not None:  # timers send none
-            self._adopt(cmd.policy)
+        if policy is not None:
+            self._adopt(*policy)
+        if cmd.op == "define" and cmd.policy is not None:
+            self._adopt(cmd.args["version"], cmd.policy)
         if cmd.op in _REMEMBERED:
             stored = self.answers.get(cmd.id)
             if stored is not None:
@@ -241,7 +248,7 @@ class InflightWindow:
             return acceptance.accept(self, args["from"], args["to"], args["items"], events)
         if cmd.op == "dead_forwarded":
             return acceptance.dead_forwarded(self, args["offsets"], events)
-        return {}  # expire: the lapse before dispatching is all it asks for
+        return {}  # expire, define: what happened before dispatching is all they ask for
 
     def _announce(self, items: list[list[int]], events: list[Event]) -> dict[str, Any]:
         """What a sender says of messages it sent: when they are due, when they
@@ -254,8 +261,11 @@ class InflightWindow:
         answers = iter(scheduling.schedule(self, scheduled, events)["results"])
         return {"results": [next(answers) if due else ["ok", 0] for _, due, _ in items]}
 
-    def _adopt(self, policy: Policy) -> None:
-        """Take the queue's policy from a command."""
+    def _adopt(self, version: int, policy: Policy) -> None:
+        """Take the queue's policy, unless the window has a newer one."""
+        if version <= self.policy_version:
+            return
+        self.policy_version = version
         self.lock_ms, self.max_delivery = policy.lock_ms, policy.max_delivery
         self.dead_letter_expired = policy.dead_letter_expired
         self.duplicate_window_ms = policy.duplicate_window_ms

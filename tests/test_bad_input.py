@@ -65,7 +65,7 @@ def test_malformed_command_gets_an_error_reply(client: ServiceBusClient,
     reply = link.call(bad)
     assert not reply.ok and reply.error_code == "BadCommand"
     assert "unknown operation" in reply.error_message
-    settle = link.command("settle", queue, 0, Policy(), items=[[0, "t", "melt", None, None]])
+    settle = link.command("settle", queue, 0, items=[[0, "t", "melt", None, None]])
     reply = link.call(settle)
     assert not reply.ok and "action" in reply.error_message
     round_trip(client, queue)

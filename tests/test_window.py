@@ -13,7 +13,14 @@ POLICY = Policy(lock_ms=1000, max_delivery=3)
 
 
 def cmd(op: str, cmd_id: str | None = None, **args: object) -> Command:
-    return Command(cmd_id or f"c{next(_ids)}", op, "q", 0, None, POLICY, dict(args))
+    return Command(cmd_id or f"c{next(_ids)}", op, "q", 0, None, None, dict(args))
+
+
+def new_window() -> InflightWindow:
+    """A window of a queue defined with :data:`POLICY`."""
+    win = InflightWindow("q", 0)
+    win.apply(Command("define-q", "define", "q", 0, None, POLICY, {"version": 0}), 0)
+    return win
 
 
 def acquire(win: InflightWindow, now: int, n: int = 10, hw: int = 0, sub: str = "active",
@@ -29,7 +36,7 @@ def settle(win: InflightWindow, now: int, grants: list[list], action: str,
 
 
 def test_acquire_grants_fresh_offsets_up_to_reported_log_end() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     grants = acquire(win, 0, n=3, hw=5)
     assert [g[0] for g in grants] == [0, 1, 2]
     assert [g[0] for g in acquire(win, 0, n=10, hw=5)] == [3, 4]
@@ -37,14 +44,14 @@ def test_acquire_grants_fresh_offsets_up_to_reported_log_end() -> None:
 
 
 def test_locked_offsets_are_not_granted_twice() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     first = {g[0] for g in acquire(win, 0, hw=4)}
     second = {g[0] for g in acquire(win, 0, hw=8)}
     assert first == {0, 1, 2, 3} and second == {4, 5, 6, 7}
 
 
 def test_abandon_redelivers_first_with_a_higher_delivery_count() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     grants = acquire(win, 0, n=2, hw=5)
     assert settle(win, 10, grants[:1], "abandon") == ["ok"]
     again = acquire(win, 20, n=2, hw=5)
@@ -52,7 +59,7 @@ def test_abandon_redelivers_first_with_a_higher_delivery_count() -> None:
 
 
 def test_lapsed_lock_counts_a_delivery_and_loses_the_token() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     grants = acquire(win, 0, n=1, hw=1)
     assert settle(win, 1500, grants, "complete") == ["lock_lost"]
     again = acquire(win, 1500, n=1, hw=1)
@@ -60,7 +67,7 @@ def test_lapsed_lock_counts_a_delivery_and_loses_the_token() -> None:
 
 
 def test_max_delivery_count_moves_message_to_dead_letter() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     now = 0
     for _ in range(3):
         grants = acquire(win, now, n=1, hw=1)
@@ -72,7 +79,7 @@ def test_max_delivery_count_moves_message_to_dead_letter() -> None:
 
 
 def test_dead_letter_sub_queue_never_dead_letters_again() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     settle(win, 0, acquire(win, 0, n=1, hw=1), "dead_letter", reason="r")
     for now in (0, 2000, 4000, 6000, 8000):  # lapse many times: stays in the sub-queue
         dead = acquire(win, now, n=1, sub="deadletter")
@@ -83,7 +90,7 @@ def test_dead_letter_sub_queue_never_dead_letters_again() -> None:
 
 
 def test_defer_parks_message_until_fetched_by_offset() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     grants = acquire(win, 0, n=2, hw=2)
     settle(win, 0, grants[:1], "defer")
     assert [g[0] for g in acquire(win, 0, hw=2)] == []
@@ -94,7 +101,7 @@ def test_defer_parks_message_until_fetched_by_offset() -> None:
 
 
 def test_renew_extends_the_lock() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     grants = acquire(win, 0, n=1, hw=1)
     renew = [[0, grants[0][1], "renew", None, None, None, None]]
     assert win.apply(cmd("settle", items=renew), 900).result["results"] == [["ok", 1900]]
@@ -103,7 +110,7 @@ def test_renew_extends_the_lock() -> None:
 
 def test_settlement_events_carry_lock_time_deliveries_and_enqueue_time() -> None:
     """What the Spark monitor aggregates: a renewal keeps the original lock time."""
-    win = InflightWindow("q", 0)
+    win = new_window()
     first = acquire(win, 100, n=2, hw=3)
     settle(win, 200, first[1:], "abandon")
     again = acquire(win, 300, n=2)
@@ -123,7 +130,7 @@ def test_settlement_events_carry_lock_time_deliveries_and_enqueue_time() -> None
 
 
 def test_repeated_command_id_returns_the_first_answer() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     first = acquire(win, 0, n=2, hw=4, cmd_id="same")
     again = acquire(win, 10, n=2, hw=4, cmd_id="same")
     assert again == first
@@ -134,14 +141,14 @@ def test_repeated_command_id_returns_the_first_answer() -> None:
 
 
 def test_receive_and_delete_settles_on_handout() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     grants = acquire(win, 0, n=3, hw=3, mode="receive_and_delete")
     assert [g[0] for g in grants] == [0, 1, 2] and all(g[1] is None for g in grants)
     assert acquire(win, 5000, hw=3) == [] and win.start == 3
 
 
 def test_window_header_round_trips_with_wake_time_in_front() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     grants = acquire(win, 100, n=2, hw=5)
     raw = win.to_bytes()
     assert InflightWindow.wake_of(raw) == 1100
@@ -151,14 +158,14 @@ def test_window_header_round_trips_with_wake_time_in_front() -> None:
 
 
 def test_expire_without_policy_keeps_the_queue_policy() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     acquire(win, 0, n=1, hw=1)
     win.apply(Command("e1", "expire", "q", 0), 5000)
     assert win.max_delivery == 3 and win.stats()["active"] == 1
 
 
 def test_scheduled_offsets_stay_hidden_until_due_then_are_granted() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     result = win.apply(cmd("announce", items=[[1, 5000, 0], [2, 9000, 0]]), 0).result
     assert result["results"] == [["ok", 5000], ["ok", 9000]]
     assert [g[0] for g in acquire(win, 0, hw=4)] == [0, 3]
@@ -170,7 +177,7 @@ def test_scheduled_offsets_stay_hidden_until_due_then_are_granted() -> None:
 
 
 def test_cancelled_scheduled_offsets_are_never_granted() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     win.apply(cmd("announce", items=[[0, 5000, 0], [1, 5000, 0]]), 0)
     assert win.apply(cmd("cancel", offsets=[0, 7]), 0).result["results"] == [
         ["ok", 0], ["invalid", 0]]
@@ -179,7 +186,7 @@ def test_cancelled_scheduled_offsets_are_never_granted() -> None:
 
 
 def test_receiver_parks_a_message_it_met_before_due() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     grants = acquire(win, 0, n=1, hw=1)
     items = [[0, grants[0][1], "schedule", None, None, 4000, None]]
     assert win.apply(cmd("settle", items=items), 10).result["results"] == [["ok", 0]]
@@ -189,22 +196,33 @@ def test_receiver_parks_a_message_it_met_before_due() -> None:
 
 
 def test_expired_message_is_dropped_or_dead_lettered_by_policy() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     grants = acquire(win, 0, n=2, hw=2)
     assert settle(win, 0, grants[:1], "expire") == ["ok"]
     assert win.totals["expired"] == 1 and win.stats()["active"] == 1
     items = [[grants[1][0], grants[1][1], "expire", None, None, None, None]]
-    dlq_on_expiry = Command("x", "settle", "q", 0, None, Policy(1000, 3, True), {"items": items})
-    assert win.apply(dlq_on_expiry, 0).result["results"] == [["ok", 0]]
+    dlq_on_expiry = (1, Policy(1000, 3, True))  # the queue was updated meanwhile
+    assert win.apply(cmd("settle", items=items), 0, dlq_on_expiry).result["results"] == [
+        ["ok", 0]]
     dead = acquire(win, 0, sub="deadletter")
     assert dead[0][0] == 1 and dead[0][4] == "TTLExpiredException"
 
 
 def test_announced_expiry_is_applied_by_the_timer_without_a_receiver() -> None:
-    win = InflightWindow("q", 0)
+    win = new_window()
     win.apply(cmd("announce", items=[[0, 0, 3000], [1, 0, 0]]), 0)
     win.see_log_end(2, [])
     assert win.wake_at() == 3000
     win.apply(Command("tick", "expire", "q", 0), 3000)  # what the lock timer sends
     assert win.totals.get("expired") == 1 and win.stats()["active"] == 1
     assert [g[0] for g in acquire(win, 3000, hw=2)] == [1]
+
+
+def test_a_policy_is_adopted_only_if_newer_than_the_one_the_window_has() -> None:
+    win = new_window()
+    newer = Policy(lock_ms=5000, max_delivery=7)
+    win.apply(cmd("stats", hw=0), 0, policy=(3, newer))
+    assert (win.lock_ms, win.max_delivery, win.policy_version) == (5000, 7, 3)
+    win.apply(cmd("stats", hw=0), 0, policy=(1, POLICY))  # an older definition
+    assert (win.lock_ms, win.policy_version) == (5000, 3)
+    assert acquire(win, 100, n=1, hw=1)[0][2] == 5100

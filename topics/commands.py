@@ -51,7 +51,7 @@ from typing import Any
 
 VERSION = 1
 OPERATIONS = frozenset({"acquire", "acquire_deferred", "settle", "expire", "stats", "peek",
-                        "announce", "cancel", "accept", "dead_forwarded", "drop"})
+                        "announce", "cancel", "accept", "dead_forwarded", "drop", "define"})
 ACTIONS = frozenset({"complete", "abandon", "dead_letter", "defer", "renew", "schedule",
                      "expire"})
 SUB_QUEUES = frozenset({"active", "deadletter", "transferdeadletter"})
@@ -188,6 +188,8 @@ def decode_command(raw: bytes | None) -> Command:
                                                  _int(pol, "ttl_ms", 0, 1 << 50) if "ttl_ms" in pol
                                                  else 0, _name(pol, "fwd"), _name(pol, "fwd_dlq"))
         args = _decode_args(op, obj)
+        if op == "define" and policy is None:
+            raise CommandError("a define command must carry the queue's policy")
     except CommandError as exc:
         raise CommandError(str(exc), cmd_id, reply) from None
     return Command(cmd_id, op, entity, partition, reply, policy, args)
@@ -229,6 +231,8 @@ def _decode_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
         return {"items": _decode_items(obj.get("items"))}
     if op == "stats":
         return {"hw": _int(obj, "hw", 0, 1 << 62)}
+    if op == "define":
+        return {"version": _int(obj, "version", 0, 1 << 62)}
     if op == "peek":
         if obj.get("sub") not in SUB_QUEUES:
             raise CommandError(f"field 'sub' must be one of {sorted(SUB_QUEUES)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import uuid
@@ -58,22 +59,36 @@ class ServiceBusAdministrationClient:
                 f"{self._settings.namespace!r}: use get_queue, or delete_queue first")
         specs.provision(self._admin, specs.entity_topics(
             self._settings.namespace, queue_name, props.partition_count), replicas)
-        self._registry.put(props, queue_name)
-        if props.policy().scanned:
-            self._open_windows(props)
+        self._define(props, self._registry.put(props, queue_name))
         return props
 
-    def _open_windows(self, props: QueueProperties) -> None:
-        """Give the engine the queue's policy now, so it scans and expires its
-        messages before any receiver comes (best effort: otherwise the first
-        command of a client does it)."""
+    def update_queue(self, queue: QueueProperties, **_: Any) -> None:
+        """Change a queue's settings: lock duration, max delivery count, time
+        to live, duplicate detection window, forwarding. New locks follow the
+        new lock duration at once, for every client; the partition count and
+        whether the queue needs sessions cannot change."""
+        current = self._registry.get(queue.name, fresh=True)
+        for fixed in ("partition_count", "enable_partitioning", "requires_session"):
+            if getattr(queue, fixed) != getattr(current, fixed):
+                raise ValueError(f"the {fixed} of queue {queue.name!r} cannot change "
+                                 f"(it is {getattr(current, fixed)!r}): create another queue")
+        fields = {f.name: getattr(queue, f.name) for f in dataclasses.fields(queue)}
+        props = _validated(QueueProperties(**{**_as_timedeltas(fields),
+                                              "created_at_utc": current.created_at_utc}))
+        self._define(props, self._registry.put(props, queue.name))
+
+    def _define(self, props: QueueProperties, version: int) -> None:
+        """Give the engine the queue's policy now, so that it is in effect when
+        this returns, and a queue that scans its messages starts at once (best
+        effort: the engine also reads every definition on its own)."""
         try:
             link = self._engine()
-            link.call_many([link.command("stats", props.name, p, props.policy(), hw=0)
+            link.call_many([link.command("define", props.name, p, policy=props.policy(),
+                                         version=version)
                             for p in range(props.partition_count)])
         except (OperationTimeoutError, ServiceBusConnectionError) as exc:
-            log.warning("queue %r created, but the engine did not answer (%s); it will scan "
-                        "the queue once a client uses it", props.name, exc.message)
+            log.warning("queue %r defined, but the engine did not answer (%s); it takes the "
+                        "definition from the entities topic", props.name, exc.message)
 
     def get_queue(self, queue_name: str) -> QueueProperties:
         return self._registry.get(queue_name, fresh=True)
@@ -104,8 +119,7 @@ class ServiceBusAdministrationClient:
         finally:
             consumer.close()
         link = self._engine()
-        policy = props.policy()
-        replies = link.call_many([link.command("stats", queue_name, p, policy, hw=ends[(topic, p)])
+        replies = link.call_many([link.command("stats", queue_name, p, hw=ends[(topic, p)])
                                   for p in range(props.partition_count)])
         runtime = QueueRuntimeProperties(queue_name, created_at_utc=props.created_at_utc)
         for reply in replies:

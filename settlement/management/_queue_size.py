@@ -51,8 +51,8 @@ def _offsets_in_play(link: EngineLink, props: QueueProperties, partition: int, h
     for sub in _SUB_QUEUES:
         first = 0
         while len(found) < SAMPLE:
-            reply = link.call(link.command("peek", props.name, partition, props.policy(),
-                                           sub=sub, max=MAX_ACQUIRE, hw=hw, **{"from": first}))
+            reply = link.call(link.command("peek", props.name, partition, sub=sub,
+                                           max=MAX_ACQUIRE, hw=hw, **{"from": first}))
             entries = reply.result.get("messages", []) if reply.ok else []
             found += [e[0] for e in entries]
             if len(entries) < MAX_ACQUIRE:
