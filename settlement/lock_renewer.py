@@ -24,7 +24,8 @@ class AutoLockRenewer:
     ``max_lock_renewal_duration`` seconds have passed.
 
     A lock is renewed once less than half its duration (at most 10 s) is left,
-    so a renewal has time for a round trip to the engine.
+    so a renewal has time for a round trip to the engine. The locks of one
+    receiver that are due together are renewed in one command per partition.
     """
 
     def __init__(self, max_lock_renewal_duration: float = 300,
@@ -54,6 +55,8 @@ class AutoLockRenewer:
             with self._lock:
                 entries = list(self._entries)
             keep = []
+            due: dict[int, list[tuple[ServiceBusReceiver, ServiceBusReceivedMessage,
+                                      FailureCallback | None]]] = {}
             for receiver, message, limit, on_failure in entries:
                 if message._settled or receiver._closed:
                     continue
@@ -63,15 +66,30 @@ class AutoLockRenewer:
                         "max_lock_renewal_duration passed"))
                     continue
                 if self._due(message, receiver):
-                    try:
-                        receiver.renew_message_lock(message)
-                    except (ServiceBusError, ValueError) as exc:
-                        self._failed(message, on_failure, exc)
-                        continue
+                    due.setdefault(id(receiver), []).append((receiver, message, on_failure))
                 keep.append((receiver, message, limit, on_failure))
+            failed = {id(m) for group in due.values() for m in self._renew(group)}
             with self._lock:
                 registered_meanwhile = self._entries[len(entries):]
-                self._entries = keep + registered_meanwhile
+                self._entries = [e for e in keep if id(e[1]) not in failed] + registered_meanwhile
+
+    def _renew(self, group: list[tuple[ServiceBusReceiver, ServiceBusReceivedMessage,
+                                       FailureCallback | None]]
+               ) -> list[ServiceBusReceivedMessage]:
+        """Renew one receiver's due locks together: one command per partition
+        however many messages are due. Returns the messages whose renewal failed."""
+        receiver = group[0][0]
+        messages = [message for _, message, _ in group]
+        try:
+            results = [r.error for r in receiver.settle_messages(messages, "renew")]
+        except (ServiceBusError, ValueError) as exc:
+            results = [exc for _ in messages]
+        failed = []
+        for (_, message, on_failure), error in zip(group, results, strict=True):
+            if error is not None:
+                self._failed(message, on_failure, error)
+                failed.append(message)
+        return failed
 
     @staticmethod
     def _due(message: ServiceBusReceivedMessage, receiver: ServiceBusReceiver) -> bool:

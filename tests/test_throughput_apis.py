@@ -77,6 +77,26 @@ def test_auto_lock_renewer_keeps_a_lock_past_its_duration(
         receiver.complete_message(message)
 
 
+def test_auto_lock_renewer_renews_a_partitions_locks_in_one_command_per_round(
+        client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+    queue = make_queue(lock_duration=2, partition_count=1)
+    send(client, queue, 100)
+    receiver = client.get_queue_receiver(queue)
+    messages: list[ServiceBusReceivedMessage] = []
+    while len(messages) < 100:
+        messages += receiver.receive_messages(100 - len(messages), max_wait_time=10)
+    batcher = client._settle_batcher()
+    with AutoLockRenewer(max_lock_renewal_duration=30) as renewer:
+        before = batcher.commands_sent
+        for message in messages:
+            renewer.register(receiver, message)
+        time.sleep(4.5)  # two lock durations: every lock renewed about twice
+        renewals = batcher.commands_sent - before
+        assert client.get_queue_receiver(queue).receive_messages(1, max_wait_time=0.5) == []
+        assert all(r.succeeded for r in receiver.complete_messages(messages))
+    assert 2 <= renewals <= 6, f"{renewals} renew commands for 100 locks over ~4 rounds"
+
+
 def test_concurrent_single_settles_share_engine_commands(
         client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
     """complete_message from many threads: each call gets its own answer, and
