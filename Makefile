@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lint clean java chromium maven
+.PHONY: demo test bench bench-scale lint clean java chromium maven
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ test: $(STAMP) java chromium maven
 BROKER ?= embedded
 bench: $(STAMP) java maven
 	$(BIN)/python -m bench.run --broker $(BROKER) $(ARGS)
+
+# make bench-scale [BROKER=embedded|kafka] [ARGS="--parked 1000000"]: state that
+# scales with what is in flight (a million dead letters, a million backlog)
+bench-scale: $(STAMP) java maven
+	$(BIN)/python -m bench.scale --broker $(BROKER) $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -51,6 +51,10 @@ class ServiceBusSubQueue(enum.StrEnum):
     TRANSFER_DEAD_LETTER = "transferdeadletter"
 
 
+#: reason and description characters in one settle command (see settle_messages)
+_TEXT_PER_COMMAND = 250_000
+
+
 @dataclass
 class SettlementResult:
     """The engine's answer for one message of a batch settlement."""
@@ -285,15 +289,22 @@ class ServiceBusReceiver:
         for message in messages:
             by_partition.setdefault(message.partition, []).append(message)
         results: dict[int, SettlementResult] = {}
-        for partition, group in sorted(by_partition.items()):
-            reply = self._batcher.settle(
-                self._props.name, partition,
-                [[m.offset, m.lock_token, action, reason, description, None, _enqueued_ms(m)]
-                 for m in group])
-            _raise_for(reply, self.entity_path)
-            for message, (status, until) in zip(group, reply.result["results"], strict=True):
-                results[id(message)] = SettlementResult(
-                    message, self._apply_answer(message, action, status, until))
+        # The engine stores each dead letter's reason and description: long
+        # ones travel in smaller commands, so that none is too large to store.
+        per_command = max(1, _TEXT_PER_COMMAND // (len(reason or "") + len(description or "")
+                                                   + 100))
+        for partition, messages_of_partition in sorted(by_partition.items()):
+            for first in range(0, len(messages_of_partition), per_command):
+                group = messages_of_partition[first:first + per_command]
+                reply = self._batcher.settle(
+                    self._props.name, partition,
+                    [[m.offset, m.lock_token, action, reason, description, None, _enqueued_ms(m)]
+                     for m in group])
+                _raise_for(reply, self.entity_path)
+                for message, (status, until) in zip(group, reply.result["results"],
+                                                    strict=True):
+                    results[id(message)] = SettlementResult(
+                        message, self._apply_answer(message, action, status, until))
         return [results[id(m)] for m in messages]
 
     def _check_settleable(self, message: ServiceBusReceivedMessage, action: str) -> None:

@@ -525,6 +525,7 @@ class InflightWindow:
             done.setdefault(action, []).append(offset)
         self.due.add(renewed_until, LOCK, f"{batch_id(cmd.id):016x}", done.get("renewed", []))
         events.extend(Event(_SETTLED[k], v) for k, v in done.items() if k in _SETTLED)
+        events[first_event:] = _coalesced(events[first_event:])
         for ev in events[first_event:]:
             if ev.offsets and all(o in details for o in ev.offsets):
                 held, deliveries, enqueued_at = zip(*(details[o] for o in ev.offsets),
@@ -637,3 +638,20 @@ class InflightWindow:
         return {"entity": self.entity, "partition": self.partition, **self.stats(),
                 "totals": dict(self.totals)}
 
+
+def _coalesced(events: list[Event]) -> list[Event]:
+    """One event per kind and detail: a batch dead-lettered with one reason
+    is one event naming all of its offsets, not one event per message."""
+    merged: dict[tuple[str, str], Event] = {}
+    out: list[Event] = []
+    for ev in events:
+        key = (ev.type, json.dumps(ev.extra, sort_keys=True))
+        mergeable = bool(ev.offsets) and "count" not in ev.extra
+        if mergeable and key in merged:
+            merged[key].offsets.extend(ev.offsets)
+            continue
+        copy = Event(ev.type, list(ev.offsets), dict(ev.extra))
+        if mergeable:
+            merged[key] = copy
+        out.append(copy)
+    return out
