@@ -49,7 +49,7 @@ class EngineLink:
         self.attempts = attempts
         self._commands_topic = names.commands(settings.namespace)
         self._producer = Producer({**settings.kafka_config(), "acks": "all",
-                                   "enable.idempotence": True, "linger.ms": 1})
+                                   "enable.idempotence": True, "linger.ms": 0})
         metadata = self._producer.list_topics(timeout=10)
         topics = metadata.topics
         if self._commands_topic not in topics or names.replies(settings.namespace) not in topics:

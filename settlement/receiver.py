@@ -51,6 +51,8 @@ class ServiceBusSubQueue(enum.StrEnum):
     TRANSFER_DEAD_LETTER = "transferdeadletter"
 
 
+#: most messages a receiver's loop locks ahead of the application (see __iter__)
+_LOOP_PREFETCH = 32
 #: reason and description characters in one settle command (see settle_messages)
 _TEXT_PER_COMMAND = 250_000
 
@@ -182,12 +184,35 @@ class ServiceBusReceiver:
             message.time_to_live = min(message.time_to_live or default, default)
 
     def __iter__(self) -> Iterator[ServiceBusReceivedMessage]:
-        """Messages as they come; stops after ``max_wait_time`` without one."""
+        """Messages as they come; stops after ``max_wait_time`` without one.
+
+        Without a ``prefetch_count``, the loop locks one message at a time
+        while the application is slow, and more at once (up to
+        :data:`_LOOP_PREFETCH`) while it settles them quickly: a tight loop
+        then costs one round trip per message, not three. Messages locked but
+        not yet handed out when the loop ends are released at once, without
+        counting a delivery."""
+        want = self._prefetch
+        lock_s = self._props.lock_duration.total_seconds()
         while not self._closed:
-            batch = self.receive_messages(self._prefetch, self._max_wait_time)
+            batch = self.receive_messages(want, self._max_wait_time)
             if not batch:
                 return
-            yield from batch
+            started = time.monotonic()
+            handed = 0
+            try:
+                for message in batch:
+                    handed += 1
+                    yield message
+            finally:
+                self._release(batch[handed:])
+            if self._prefetch == 1:  # no prefetch_count: adapt to the application
+                fast = time.monotonic() - started < lock_s / 10
+                want = min(want * 2, _LOOP_PREFETCH) if fast else 1
+
+    def _release(self, messages: list[ServiceBusReceivedMessage]) -> None:
+        if messages and not self._closed and self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK:
+            self.settle_messages(messages, "release")
 
     def peek_messages(self, max_message_count: int = 1, *,
                       sequence_number: int | None = None, **_: Any

@@ -56,6 +56,9 @@ _pending: asyncio.Queue[tuple[ReplyAddress, Reply]] = asyncio.Queue()
 _follow_up: asyncio.Future | None = None
 #: windows whose stored redo and outbox this worker has applied since it got them
 _recovered: set[bytes] = set()
+#: window key -> (the header record this worker wrote last, its fields): a
+#: header is parsed only when another worker wrote it
+_written: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
 _followed: list[Definitions] = []
 
 
@@ -80,6 +83,7 @@ async def process_commands(stream: StreamT) -> None:
 async def _forget_recovered(sender: object, **_: object) -> None:
     """A window that moved away and back may carry another worker's redo."""
     _recovered.clear()
+    _written.clear()
 
 
 async def _handle(event: EventT) -> None:
@@ -108,10 +112,11 @@ async def _handle(event: EventT) -> None:
         await _recover(raw, store)
         _recovered.add(key)
     if cmd.op == "drop":
+        _written.pop(key, None)
         await _drop(key, raw, store, header_store)
         _reply_ok(cmd, {})
         return
-    window = _load(raw, cmd, store)
+    window = _load(key, raw, cmd, store)
     if window is None:
         return
     policy = await _definitions().policy_as_of(cmd.entity, int(event.message.timestamp * 1000))
@@ -127,13 +132,19 @@ async def _handle(event: EventT) -> None:
                     "dead-letter reasons and descriptions")
             return
         await header_store.write(key, committed)
+        if len(_written) > 10_000:
+            _written.clear()
+        _written[key] = (committed, window.header())
         _start_follow_up(store, outcome.writes, outbox)
     _reply_ok(cmd, outcome.result)
 
 
-def _load(raw: bytes | None, cmd: Command, store: TableStore) -> InflightWindow | None:
+def _load(key: bytes, raw: bytes | None, cmd: Command, store: TableStore
+          ) -> InflightWindow | None:
+    mine = _written.get(key)
+    header = mine[1] if mine is not None and mine[0] == raw else None
     try:
-        return InflightWindow.load(raw, cmd.entity, cmd.partition, store)
+        return InflightWindow.load(raw, cmd.entity, cmd.partition, store, header)
     except (ValueError, KeyError, TypeError) as exc:
         log.error("window %s is unreadable (%s); leaving it untouched", cmd.window_key, exc)
         _reject(cmd, "StateUnreadable", f"the engine cannot read the state of {cmd.window_key}")

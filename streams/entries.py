@@ -117,21 +117,23 @@ class Entries:
 
     # --------------------------------------------------------------- ordered
     def between(self, start: int, stop: int) -> Iterator[tuple[int, Entry]]:
-        """Entries at offsets ``start <= offset < stop``, in order."""
+        """Entries at offsets ``start <= offset < stop``, in order. Reads chunk
+        by chunk as it goes: stop early and the rest is never read."""
         self.flush()
-        keys = self._txn.range(self._chunk_prefix + _hex(start // CHUNK),
-                               self._chunk_prefix + _hex((stop + CHUNK - 1) // CHUNK))
-        for key, _ in list(keys):
-            chunk = self._chunk(int(key[len(self._chunk_prefix):], 16))
+        chunks = self._txn.range(self._chunk_prefix + _hex(start // CHUNK),
+                                 self._chunk_prefix + _hex((stop + CHUNK - 1) // CHUNK))
+        for key, raw in chunks:
+            chunk = self._chunk(int(key[len(self._chunk_prefix):], 16), raw)
             for offset in sorted(chunk):
                 if start <= offset < stop:
                     yield offset, chunk[offset]
 
     def in_family(self, family: str, start: int = 0) -> Iterator[tuple[int, Entry]]:
-        """Entries of one sub-queue (see :data:`FAMILIES`) from ``start`` on, in order."""
+        """Entries of one sub-queue (see :data:`FAMILIES`) from ``start`` on, in
+        order, read index chunk by index chunk as it goes."""
         self.flush()
         prefix = self._index_prefix + family.encode()
-        for key, _ in list(self._txn.range(prefix + _hex(start // CHUNK), prefix + b"~")):
+        for key, _ in self._txn.range(prefix + _hex(start // CHUNK), prefix + b"~"):
             number = int(key[len(prefix):], 16)
             for offset in list(self._index(family, number)):
                 entry = self.get(offset)
@@ -165,10 +167,12 @@ class Entries:
         self._dirty_chunks.clear()
         self._dirty_indexes.clear()
 
-    def _chunk(self, number: int) -> dict[int, Entry]:
+    def _chunk(self, number: int, raw: bytes | None = None) -> dict[int, Entry]:
+        """The chunk ``number``, decoded once per command (from ``raw`` when
+        the caller has just read it)."""
         chunk = self._chunks.get(number)
         if chunk is None:
-            raw = self._txn.get(self._chunk_prefix + _hex(number))
+            raw = raw if raw is not None else self._txn.get(self._chunk_prefix + _hex(number))
             chunk = {int(o): Entry.decode(f) for o, f in json.loads(raw).items()} if raw else {}
             self._chunks[number] = chunk
         return chunk

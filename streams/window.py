@@ -62,7 +62,8 @@ from streams.store import MemoryStore, Store, Txn
 from topics.commands import Command, Policy, batch_id, lock_token, parse_lock_token
 
 #: settle actions -> the event they produce
-_SETTLED = {"complete": "completed", "abandon": "abandoned", "defer": "deferred",
+_SETTLED = {"complete": "completed", "abandon": "abandoned", "release": "abandoned",
+            "defer": "deferred",
             "renewed": "renewed", "scheduled": "scheduled"}
 #: commands whose answers are remembered (the others are safe to apply twice)
 _REMEMBERED = ("acquire", "acquire_deferred", "settle", "announce", "cancel")
@@ -154,15 +155,17 @@ class InflightWindow:
                 for k, v in body.get("redo", [])}
 
     @classmethod
-    def load(cls, raw: bytes | None, entity: str, partition: int, store: Store
-             ) -> InflightWindow:
-        """The window whose header is ``raw`` (None: a new one) over ``store``."""
+    def load(cls, raw: bytes | None, entity: str, partition: int, store: Store,
+             header: dict[str, Any] | None = None) -> InflightWindow:
+        """The window whose header is ``raw`` (None: a new one) over ``store``;
+        ``header`` is that header already parsed (:meth:`header`), if at hand."""
         window = cls(entity, partition, store)
         if raw:
-            body = cls.body_of(raw)
+            body = header if header is not None else cls.body_of(raw)
             for name in cls._HEADER_FIELDS:
                 if name in body:
-                    setattr(window, name, body[name])
+                    value = body[name]
+                    setattr(window, name, dict(value) if isinstance(value, dict) else value)
             window._begin()  # the entries must share the loaded counts
         return window
 
@@ -541,7 +544,10 @@ class InflightWindow:
                       description: str | None, events: list[Event]) -> None:
         if action == "complete":
             self.settled(offset)
-        elif action == "abandon":
+        elif action in ("abandon", "release"):
+            if action == "release":  # locked but never handed to the application
+                entry = replace(entry, deliveries=max(entry.deliveries - 1, 0))
+                self.put(offset, entry)
             if entry.state == LOCKED:
                 self._release([offset], events, None)
             else:

@@ -75,8 +75,12 @@ def test_settlement_kafka_runs_three_nodes_and_restarts_them_on_their_data(
         bootstrap = lines[3].split()[1]
         admin = AdminClient({"bootstrap.servers": bootstrap})
         admin.create_topics([NewTopic("kept", 1)])["kept"].result(30)
-        partition = admin.list_topics("kept", timeout=10).topics["kept"].partitions[0]
-        assert sorted(partition.replicas) == [1, 2, 3]
+        # The new topic reaches the other brokers' metadata a moment later.
+        deadline = time.monotonic() + 30
+        while not (partitions := admin.list_topics("kept", timeout=10).topics["kept"].partitions):
+            assert time.monotonic() < deadline, "topic 'kept' has no partitions after 30 s"
+            time.sleep(0.1)
+        assert sorted(partitions[0].replicas) == [1, 2, 3]
         resource = ConfigResource(ConfigResource.Type.TOPIC, "kept")
         config = admin.describe_configs([resource])[resource].result(10)
         assert config["min.insync.replicas"].value == "2"

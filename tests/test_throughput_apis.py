@@ -130,3 +130,27 @@ def test_concurrent_single_settles_share_engine_commands(
         stale = messages[0]
         stale._settled = False  # pretend the app lost track: the engine still refuses
         receiver.complete_message(stale)
+
+
+def test_receiver_loop_releases_what_it_locked_ahead_but_did_not_hand_out(
+        client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+    """A tight ``for message in receiver`` loop locks messages ahead of the
+    application; when it ends early, those go back at once, their delivery
+    count untouched."""
+    queue = make_queue(lock_duration=30)
+    send(client, queue, 50)
+    receiver = client.get_queue_receiver(queue, max_wait_time=5)
+    seen: list[ServiceBusReceivedMessage] = []
+    for message in receiver:
+        receiver.complete_message(message)
+        seen.append(message)
+        if len(seen) == 10:
+            break
+    rest: list[ServiceBusReceivedMessage] = []
+    other = client.get_queue_receiver(queue)
+    while len(rest) < 40:
+        got = other.receive_messages(40 - len(rest), max_wait_time=5)
+        assert got, f"only {len(rest)} of the 40 others came back"
+        rest += got
+    assert [m.delivery_count for m in rest] == [1] * 40
+    assert {m.message_id for m in seen + rest} == {f"m{i}" for i in range(50)}

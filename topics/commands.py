@@ -52,7 +52,7 @@ from typing import Any
 VERSION = 1
 OPERATIONS = frozenset({"acquire", "acquire_deferred", "settle", "expire", "stats", "peek",
                         "announce", "cancel", "accept", "dead_forwarded", "drop", "define"})
-ACTIONS = frozenset({"complete", "abandon", "dead_letter", "defer", "renew", "schedule",
+ACTIONS = frozenset({"complete", "abandon", "release", "dead_letter", "defer", "renew", "schedule",
                      "expire"})
 SUB_QUEUES = frozenset({"active", "deadletter", "transferdeadletter"})
 MODES = frozenset({"peek_lock", "receive_and_delete"})
