@@ -11,6 +11,7 @@ Configured from the environment so that ``faust -A streams.app worker`` and
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -35,6 +36,7 @@ namespace = settings.namespace
 specs.provision(AdminClient(settings.kafka_config()),
                 specs.namespace_topics(namespace) + specs.engine_tables(namespace),
                 settings.profile.replication_factor)
+_data_dir = Path(os.environ.get("SETTLEMENT_DATA_DIR", "data/engine")).resolve()
 _web_port = os.environ.get("SETTLEMENT_WEB_PORT")
 timer_interval = float(os.environ.get("SETTLEMENT_TIMER_INTERVAL", "0.5"))
 
@@ -42,7 +44,13 @@ app = faust.App(
     names.engine_app_id(namespace),
     broker=[f"kafka://{host}" for host in settings.bootstrap_servers.split(",")],
     store="rocksdb://",
-    datadir=Path(os.environ.get("SETTLEMENT_DATA_DIR", "data/engine")),
+    datadir=_data_dir,
+    # Static group membership: a worker restarted on its data dir (after a
+    # crash, say) takes its place in the group back at once, instead of
+    # waiting for the dead process's session to time out and a rebalance.
+    consumer_group_instance_id=(
+        f"{names.engine_app_id(namespace)}-"
+        f"{hashlib.blake2b(str(_data_dir).encode(), digest_size=6).hexdigest()}"),
     topic_partitions=specs.ENGINE_PARTITIONS,
     topic_allow_declare=True,
     # The table's changelog gets as many replicas as the namespace's topics.
