@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from typing import Any
 
@@ -60,6 +61,10 @@ _recovered: set[bytes] = set()
 #: header is parsed only when another worker wrote it
 _written: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
 _followed: list[Definitions] = []
+#: Fault injection for tests: the worker exits (as after ``kill -9``) right
+#: after the commit record of the first command of this operation is
+#: acknowledged, before its writes and events are sent.
+_EXIT_AFTER_COMMIT = os.environ.get("SETTLEMENT_FAULT_EXIT_AFTER_COMMIT")
 
 
 def _definitions() -> Definitions:
@@ -132,6 +137,9 @@ async def _handle(event: EventT) -> None:
                     "dead-letter reasons and descriptions")
             return
         await header_store.write(key, committed)
+        if cmd.op == _EXIT_AFTER_COMMIT:  # fault injection: the tests' crash point
+            log.warning("exiting after the commit record of %s %s", cmd.op, cmd.id)
+            os._exit(137)
         if len(_written) > 10_000:
             _written.clear()
         _written[key] = (committed, window.header())

@@ -5,8 +5,9 @@ Lock ends, scheduled messages coming due and time-to-live expiries are keys
 set them (a whole acquired batch shares one lock end). The window finds what
 is due by reading the range of keys up to now, and its next wake-up is the
 first key. A key may name offsets whose state has moved on since (settled,
-renewed): whoever handles it checks each entry, so nothing has to be removed
-when a lock is settled early.
+renewed): whoever handles it checks each entry. Settlements take their
+offsets out of their lock's key, so a queue whose locks are all settled in
+time gives the timer nothing to do.
 """
 
 from __future__ import annotations
@@ -32,16 +33,33 @@ class DueIndex:
         """Remember ``items`` (offsets, or ``[offset, expires]`` pairs) for ``due``."""
         if not items:
             return
-        key = self._prefix + f"{due:0{_DUE_WIDTH}x}{kind}{ident}".encode()
+        key = self._key(due, kind, ident)
         raw = self._txn.get(key)
         stored = json.loads(raw) if raw else []
         self._txn.put(key, json.dumps(stored + items, separators=(",", ":")).encode())
+
+    def discard(self, due: int, kind: str, ident: str, items: list[Any]) -> None:
+        """Forget ``items`` of a key (locks settled before they end), and the
+        key once it names nothing: the timer then has no reason to wake."""
+        key = self._key(due, kind, ident)
+        raw = self._txn.get(key)
+        if raw is None:
+            return
+        gone = set(items)
+        left = [item for item in json.loads(raw) if item not in gone]
+        if left:
+            self._txn.put(key, json.dumps(left, separators=(",", ":")).encode())
+        else:
+            self._txn.delete(key)
 
     def due(self, now: int) -> Iterator[tuple[bytes, str, list[Any]]]:
         """Keys due at ``now`` or before, oldest first: ``(key, kind, items)``."""
         stop = self._prefix + f"{now + 1:0{_DUE_WIDTH}x}".encode()
         for key, raw in list(self._txn.range(self._prefix, stop)):
             yield key, chr(key[len(self._prefix) + _DUE_WIDTH]), json.loads(raw)
+
+    def _key(self, due: int, kind: str, ident: str) -> bytes:
+        return self._prefix + f"{due:0{_DUE_WIDTH}x}{kind}{ident}".encode()
 
     def remove(self, key: bytes) -> None:
         self._txn.delete(key)

@@ -23,19 +23,21 @@ class EngineProcess:
     """``settlement worker`` as a child process, logging to ``data_dir/worker.log``."""
 
     def __init__(self, connection_string: str, data_dir: Path, *,
-                 timer_interval: float = 0.2) -> None:
+                 timer_interval: float = 0.2, env: dict[str, str] | None = None) -> None:
         self.connection_string = connection_string
         self.data_dir = Path(data_dir)
         self.log_path = self.data_dir / "worker.log"
         self.timer_interval = timer_interval
         self.proc: subprocess.Popen[bytes] | None = None
+        #: extra environment of the worker (its next start)
+        self.env = dict(env or {})
 
     def start(self, timeout: float = 90.0) -> EngineProcess:
         """Start the worker (again, after a stop or kill) and wait until it is ready."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         start_at = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = {**os.environ, "PYTHONUNBUFFERED": "1",
-               "SETTLEMENT_TIMER_INTERVAL": str(self.timer_interval)}
+               "SETTLEMENT_TIMER_INTERVAL": str(self.timer_interval), **self.env}
         code = (f"from streams.worker import run_worker; "
                 f"run_worker({self.connection_string!r}, {str(self.data_dir / 'rocks')!r})")
         with open(self.log_path, "ab") as out:

@@ -501,6 +501,8 @@ class InflightWindow:
         statuses: list[list[Any]] = []
         first_event = len(events)
         renewed_until = now + self.lock_ms
+        unlocked: dict[tuple[int, int], list[int]] = {}  # (lock end, batch) -> offsets
+        renewed: dict[int, list[int]] = {}  # batch -> offsets
         for offset, token, action, reason, description, at, enqueued in cmd.args["items"]:
             entry = self._held(offset, token)
             if entry is None:
@@ -510,11 +512,13 @@ class InflightWindow:
                                                                                  "defer"):
                 statuses.append(["invalid", 0])
                 continue
+            unlocked.setdefault((entry.until, entry.batch), []).append(offset)
             if action == "renew":
                 self.put(offset, replace(entry, until=renewed_until,
                                          locked_at=self._locked_at(entry)))
                 statuses.append(["ok", renewed_until])
                 done.setdefault("renewed", []).append(offset)
+                renewed.setdefault(entry.batch, []).append(offset)
                 continue
             details[offset] = [now - self._locked_at(entry), entry.deliveries, enqueued]
             if action == "schedule":
@@ -526,7 +530,10 @@ class InflightWindow:
                 self._apply_action(offset, entry, action, reason, description, events)
             statuses.append(["ok", 0])
             done.setdefault(action, []).append(offset)
-        self.due.add(renewed_until, LOCK, f"{batch_id(cmd.id):016x}", done.get("renewed", []))
+        for (until, batch), offsets in unlocked.items():
+            self.due.discard(until, LOCK, f"{batch:016x}", offsets)
+        for batch, offsets in renewed.items():  # a lock's key names its batch and its end
+            self.due.add(renewed_until, LOCK, f"{batch:016x}", offsets)
         events.extend(Event(_SETTLED[k], v) for k, v in done.items() if k in _SETTLED)
         events[first_event:] = _coalesced(events[first_event:])
         for ev in events[first_event:]:

@@ -87,3 +87,45 @@ def test_kill_9_mid_stream_then_restart_loses_nothing_and_completes_nothing_twic
         client.close()
         admin.close()
         engine.stop()
+
+
+def test_a_crash_right_after_the_commit_record_keeps_state_and_events_together(
+        broker: Broker, tmp_path: Path, spark: Any) -> None:
+    """The worker dies once a settlement's commit record is acknowledged and
+    before its writes and events are sent. The restarted worker applies the
+    record's redo and publishes its outbox: the retried settlement is answered
+    from memory, and the events and the state agree."""
+    conn = broker.connection_string(f"commit{uuid.uuid4().hex[:6]}")
+    engine = EngineProcess(conn, tmp_path, env={"SETTLEMENT_FAULT_EXIT_AFTER_COMMIT": "settle"})
+    engine.start()
+    admin = ServiceBusAdministrationClient.from_connection_string(conn)
+    client = ServiceBusClient.from_connection_string(conn)
+    try:
+        admin.create_queue("work", lock_duration=60)
+        with client.get_queue_sender("work") as sender:
+            sender.send_messages([ServiceBusMessage(f"m{i}", message_id=f"m{i}")
+                                  for i in range(20)])
+        receiver = client.get_queue_receiver("work")
+        messages = receiver.receive_messages(20, max_wait_time=10)
+        assert len(messages) == 20
+
+        def restart_when_dead() -> None:
+            assert engine.proc is not None
+            engine.proc.wait(60)
+            engine.env.clear()
+            engine.start()
+
+        restarter = threading.Thread(target=restart_when_dead)
+        restarter.start()
+        results = receiver.complete_messages(messages)  # retried until the new worker answers
+        restarter.join(90)
+        assert "exiting after the commit record of settle" in engine.log_path.read_text()
+        assert all(r.succeeded for r in results), [str(r.error) for r in results if r.error]
+        props = admin.get_queue_runtime_properties("work")
+        assert (props.active_message_count, props.locked_message_count) == (0, 0)
+        report = run_audit(spark, conn, ["work"])
+        assert report.ok and report.messages == 20, report.summary()
+    finally:
+        client.close()
+        admin.close()
+        engine.stop()

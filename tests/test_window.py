@@ -226,3 +226,16 @@ def test_a_policy_is_adopted_only_if_newer_than_the_one_the_window_has() -> None
     win.apply(cmd("stats", hw=0), 0, policy=(1, POLICY))  # an older definition
     assert (win.lock_ms, win.policy_version) == (5000, 3)
     assert acquire(win, 100, n=1, hw=1)[0][2] == 5100
+
+
+def test_settled_locks_leave_the_timer_nothing_to_do() -> None:
+    win = new_window()
+    grants = acquire(win, 0, n=4, hw=4)
+    assert win.wake_at() == 1000
+    settle(win, 10, grants[:2], "complete")
+    assert win.wake_at() == 1000  # two locks still run
+    settle(win, 20, grants[2:3], "renew")
+    settle(win, 30, grants[3:], "abandon")
+    assert win.wake_at() == 1020  # only the renewed lock
+    settle(win, 40, grants[2:3], "complete")
+    assert win.wake_at() is None
