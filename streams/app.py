@@ -11,8 +11,8 @@ Configured from the environment so that ``faust -A streams.app worker`` and
 
 from __future__ import annotations
 
-import hashlib
 import os
+import uuid
 from pathlib import Path
 
 import faust
@@ -37,6 +37,20 @@ specs.provision(AdminClient(settings.kafka_config()),
                 specs.namespace_topics(namespace) + specs.engine_tables(namespace),
                 settings.profile.replication_factor)
 _data_dir = Path(os.environ.get("SETTLEMENT_DATA_DIR", "data/engine")).resolve()
+
+
+def _instance_id(data_dir: Path) -> str:
+    """This worker's name in the consumer group: kept in its data dir, so it
+    goes with the state it names (two containers may both use ``/data``)."""
+    path = data_dir / "group-instance-id"
+    if path.exists():
+        return path.read_text().strip()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    ident = f"{names.engine_app_id(namespace)}-{uuid.uuid4().hex[:12]}"
+    path.write_text(ident)
+    return ident
+
+
 _web_port = os.environ.get("SETTLEMENT_WEB_PORT")
 timer_interval = float(os.environ.get("SETTLEMENT_TIMER_INTERVAL", "0.5"))
 
@@ -48,9 +62,7 @@ app = faust.App(
     # Static group membership: a worker restarted on its data dir (after a
     # crash, say) takes its place in the group back at once, instead of
     # waiting for the dead process's session to time out and a rebalance.
-    consumer_group_instance_id=(
-        f"{names.engine_app_id(namespace)}-"
-        f"{hashlib.blake2b(str(_data_dir).encode(), digest_size=6).hexdigest()}"),
+    consumer_group_instance_id=_instance_id(_data_dir),
     topic_partitions=specs.ENGINE_PARTITIONS,
     topic_allow_declare=True,
     # The table's changelog gets as many replicas as the namespace's topics.
