@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,14 @@ def send(client: ServiceBusClient, queue: str, count: int) -> None:
     with client.get_queue_sender(queue) as sender:
         sender.send_messages([ServiceBusMessage(f"m{i}", message_id=f"m{i}")
                               for i in range(count)])
+
+
+def receive_all(receiver: Any, count: int) -> list[ServiceBusReceivedMessage]:
+    """Exactly ``count`` messages, in as many receives as it takes."""
+    messages: list[ServiceBusReceivedMessage] = []
+    while len(messages) < count:
+        messages += receiver.receive_messages(count - len(messages), max_wait_time=10)
+    return messages
 
 
 def test_complete_messages_answers_each_message(client: ServiceBusClient,
@@ -82,9 +91,7 @@ def test_auto_lock_renewer_renews_a_partitions_locks_in_one_command_per_round(
     queue = make_queue(lock_duration=2, partition_count=1)
     send(client, queue, 100)
     receiver = client.get_queue_receiver(queue)
-    messages: list[ServiceBusReceivedMessage] = []
-    while len(messages) < 100:
-        messages += receiver.receive_messages(100 - len(messages), max_wait_time=10)
+    messages = receive_all(receiver, 100)
     batcher = client._settle_batcher()
     with AutoLockRenewer(max_lock_renewal_duration=30) as renewer:
         before = batcher.commands_sent
@@ -104,9 +111,7 @@ def test_concurrent_single_settles_share_engine_commands(
     queue = make_queue(lock_duration=30)
     send(client, queue, 240)
     receiver = client.get_queue_receiver(queue)
-    messages: list[ServiceBusReceivedMessage] = []
-    while len(messages) < 240:
-        messages += receiver.receive_messages(240 - len(messages), max_wait_time=10)
+    messages = receive_all(receiver, 240)
     batcher = client._settle_batcher()
     before = batcher.commands_sent
     failures: list[Exception] = []
