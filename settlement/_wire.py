@@ -25,7 +25,12 @@ from typing import Any
 
 from settlement._sequence import sequence_number
 from settlement.exceptions import MessageSizeExceededError
-from settlement.message import ServiceBusMessage, ServiceBusMessageState, ServiceBusReceivedMessage
+from settlement.message import (
+    MAX_ID_LENGTH,
+    ServiceBusMessage,
+    ServiceBusMessageState,
+    ServiceBusReceivedMessage,
+)
 
 MAX_HEADERS_BYTES = 64 * 1024       # all headers and application properties together
 MAX_PROPERTY_BYTES = 32 * 1024      # one application property
@@ -33,6 +38,7 @@ MALFORMED = "MalformedMessage"
 HEADER_SIZE_EXCEEDED = "HeaderSizeExceeded"
 _TEXT_HEADERS = ("message-id", "correlation-id", "content-type", "subject", "reply-to",
                  "reply-to-session-id", "to", "session-id", "partition-key")
+_ID_HEADERS = frozenset({"message-id", "session-id", "partition-key"})
 _KNOWN = frozenset({*_TEXT_HEADERS, "time-to-live-ms", "scheduled-enqueue-time-ms",
                     "application-properties"})
 
@@ -133,13 +139,8 @@ def decode(value: bytes | None, headers: list[tuple[str, bytes | None]] | None,
             malformed = malformed or str(exc)
     common = {"sequence_number": sequence_number(partition, offset),
               "enqueued_time_utc": utc_from_ms(timestamp_ms), **delivery}
-    try:
-        return ServiceBusReceivedMessage(value or b"", **fields, malformed_reason=malformed,
-                                         **common)
-    except (ValueError, TypeError) as exc:  # e.g. a message id over 128 characters
-        if not lenient:
-            raise MalformedRecord(str(exc)) from None
-        return ServiceBusReceivedMessage(value or b"", malformed_reason=str(exc), **common)
+    return ServiceBusReceivedMessage(value or b"", **fields, malformed_reason=malformed,
+                                     **common)
 
 
 def _decode_header(name: str, raw: bytes | None) -> dict[str, Any]:
@@ -150,6 +151,9 @@ def _decode_header(name: str, raw: bytes | None) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise MalformedRecord(f"header {name!r} is not UTF-8") from None
     if name in _TEXT_HEADERS:
+        if name in _ID_HEADERS and len(text) > MAX_ID_LENGTH:
+            raise MalformedRecord(f"header {name!r} is {len(text)} characters; at most "
+                                  f"{MAX_ID_LENGTH} are allowed")
         return {name.replace("-", "_"): text}
     if name == "application-properties":
         try:

@@ -78,7 +78,12 @@ class ServiceBusReceivedMessage(ServiceBusMessage):
     """A received message; settle it through the receiver that received it."""
 
     def __init__(self, body: bytes, **kwargs: Any) -> None:
-        super().__init__(body, **{k: kwargs.pop(k) for k in list(kwargs) if k in _SEND_FIELDS})
+        # The record was checked when it was decoded: no second validation of
+        # every field, which would cost more than decoding on batch receives.
+        self.body = body
+        for name in _SEND_FIELDS:
+            setattr(self, name, kwargs.get(name))
+        self.application_properties = kwargs.get("application_properties") or {}
         self.lock_token: str | None = kwargs.get("lock_token")
         self.locked_until_utc: dt.datetime | None = kwargs.get("locked_until_utc")
         self.delivery_count: int = kwargs.get("delivery_count", 0)

@@ -3,8 +3,11 @@
 The SDK settles one message per call; at high rates that is one engine round
 trip per message. Here handlers run on a thread pool, their outcomes queue up
 and are settled together (one command per partition): completed when the
-handler returns, abandoned when it raises. Every message still gets its own
-answer; lost locks are counted and logged per message.
+handler returns, abandoned when it raises. A handler may also settle its
+message itself (complete, abandon, dead-letter, defer): the processor then
+leaves it alone, and the concurrent calls of the handlers share engine
+commands (see ``settlement._settle_batcher``). Every message still gets its
+own answer; lost locks are counted and logged per message.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ class MessageProcessor:
         self._lock = threading.Lock()
         self._done: dict[str, list[ServiceBusReceivedMessage]] = {"complete": [], "abandon": []}
         self._running = 0
-        self.stats = {"received": 0, "completed": 0, "abandoned": 0, "lock_lost": 0}
+        self.stats = {"received": 0, "completed": 0, "abandoned": 0, "lock_lost": 0,
+                      "settled_by_handler": 0}
 
     def run(self) -> dict[str, int]:
         """Process until no message arrives for ``max_wait_time`` and no handler
@@ -74,7 +78,10 @@ class MessageProcessor:
             log.exception("handler failed on message %s; abandoning it", message.sequence_number)
             outcome = "abandon"
         with self._lock:
-            self._done[outcome].append(message)
+            if message._settled:
+                self.stats["settled_by_handler"] += 1
+            else:
+                self._done[outcome].append(message)
             self._running -= 1
         slots.release()
 

@@ -14,6 +14,7 @@ from settlement import (
     ServiceBusClient,
     ServiceBusMessage,
     ServiceBusReceivedMessage,
+    ServiceBusSubQueue,
 )
 from settlement.exceptions import MessageLockLostError
 
@@ -70,6 +71,28 @@ def test_process_runs_handlers_concurrently_and_settles_in_batches(
     assert 1 < peak[0] <= 4
     retried = {m for m, count in seen if count == 2}
     assert retried == {f"m{i}" for i in range(200) if i % 10 == 7}
+
+
+def test_process_leaves_alone_what_the_handler_settled_itself(
+        client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+    queue = make_queue(lock_duration=10)
+    send(client, queue, 90)
+    receiver = client.get_queue_receiver(queue)
+
+    def handler(message: ServiceBusReceivedMessage) -> None:
+        kind = int(message.message_id[1:]) % 3
+        if kind == 0:
+            receiver.complete_message(message)
+        elif kind == 1:
+            receiver.dead_letter_message(message, reason="odd")
+        # kind 2: returns, and the processor completes it
+
+    stats = receiver.process(handler, max_concurrent_calls=32, max_wait_time=2)
+    assert stats["received"] == 90 and stats["settled_by_handler"] == 60
+    assert stats["completed"] == 30 and stats["abandoned"] == stats["lock_lost"] == 0
+    dead = client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+    assert sorted(int(m.message_id[1:]) for m in receive_all(dead, 30)) == list(range(1, 90, 3))
+    assert client.get_queue_receiver(queue).receive_messages(1, max_wait_time=0.5) == []
 
 
 def test_auto_lock_renewer_keeps_a_lock_past_its_duration(

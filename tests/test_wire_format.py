@@ -16,7 +16,7 @@ from settlement import (
     ServiceBusReceivedMessage,
     ServiceBusSubQueue,
 )
-from settlement._wire import HEADER_SIZE_EXCEEDED, encode
+from settlement._wire import HEADER_SIZE_EXCEEDED, MalformedRecord, decode, encode
 from settlement.exceptions import MessageSizeExceededError
 from topics import names
 
@@ -79,3 +79,12 @@ def test_record_with_oversize_headers_goes_to_the_dead_letter_sub_queue(
     dlq = client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
     [dead] = dlq.receive_messages(1, max_wait_time=10)
     assert dead.body == b"huge headers" and dead.dead_letter_reason == HEADER_SIZE_EXCEEDED
+
+
+def test_a_record_with_an_over_long_id_header_is_malformed() -> None:
+    headers = [("message-id", b"m" * 129), ("subject", b"kept")]
+    with pytest.raises(MalformedRecord, match="'message-id' is 129 characters"):
+        decode(b"body", headers, 0, 0, 7)
+    lenient = decode(b"body", headers, 0, 0, 7, lenient=True)
+    assert lenient.message_id is None and lenient.subject == "kept"
+    assert "128" in (lenient.malformed_reason or "")
