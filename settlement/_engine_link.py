@@ -25,7 +25,6 @@ from settlement.exceptions import (
 from topics import names
 from topics.commands import (
     Command,
-    Policy,
     Reply,
     ReplyAddress,
     command_partition,
@@ -74,12 +73,10 @@ class EngineLink:
                                         daemon=True)
         self._thread.start()
 
-    def command(self, op: str, entity: str, partition: int, *, policy: Policy | None = None,
-                **args: object) -> Command:
-        """A command for the window ``entity#partition``. Only ``define``
-        carries a policy: the engine knows each queue's from its definition."""
+    def command(self, op: str, entity: str, partition: int, **args: object) -> Command:
+        """A command for the window ``entity#partition``."""
         return Command(uuid.uuid4().hex, op, entity, partition,
-                       ReplyAddress(self.reply_partition, self.client_id), policy, dict(args))
+                       ReplyAddress(self.reply_partition, self.client_id), dict(args))
 
     def call(self, cmd: Command) -> Reply:
         """Send ``cmd`` and return its answer, retrying under the same id."""

@@ -50,6 +50,11 @@ class ServiceBusQuotaExceededError(ServiceBusError):
     pass
 
 
+class ServiceBusAuthorizationError(ServiceBusError):
+    """The principal lacks the right (Send, Listen or Manage) for what it asked,
+    or asked for what only the engine itself may do."""
+
+
 class MessageSizeExceededError(ServiceBusError, ValueError):
     """A message is larger than its entity accepts."""
 

@@ -28,6 +28,7 @@ from settlement.exceptions import (
     InvalidOperationError,
     MessageAlreadySettled,
     MessageLockLostError,
+    ServiceBusAuthorizationError,
     ServiceBusError,
 )
 from settlement.message import ServiceBusReceivedMessage
@@ -416,5 +417,7 @@ def _enqueued_ms(message: ServiceBusReceivedMessage) -> int | None:
 
 def _raise_for(reply: Reply, entity_path: str) -> None:
     if not reply.ok:
-        raise ServiceBusError(f"the engine refused a command on {entity_path}: "
-                              f"{reply.error_message}", error_code=reply.error_code)
+        error = (ServiceBusAuthorizationError if reply.error_code == "Unauthorized"
+                 else ServiceBusError)
+        raise error(f"the engine refused a command on {entity_path}: "
+                    f"{reply.error_message}", error_code=reply.error_code)

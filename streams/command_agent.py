@@ -1,4 +1,5 @@
-"""The agent that answers every command: acquire, settle, expire, stats, drop.
+"""The agent that answers every command: acquire, settle, stats, peek..., and
+runs the engine's own operations (expire, accept, dead_forwarded).
 
 One command record carries a whole batch of offsets, so one Faust event and
 one small set of writes serve many messages. A command commits in one record:
@@ -22,7 +23,7 @@ import os
 import time
 from typing import Any
 
-from faust.types import EventT, StreamT
+from faust.types import TP, EventT, StreamT
 
 from streams.app import (
     app,
@@ -38,6 +39,7 @@ from streams.definitions import Definitions
 from streams.states import Event
 from streams.table_store import TableStore
 from streams.window import InflightWindow
+from topics import specs
 from topics.commands import (
     Command,
     CommandError,
@@ -61,6 +63,8 @@ _recovered: set[bytes] = set()
 #: header is parsed only when another worker wrote it
 _written: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
 _followed: list[Definitions] = []
+#: commands and the engine's own operations, one at a time (they share windows)
+_one_at_a_time = asyncio.Lock()
 #: Fault injection for tests: the worker exits (as after ``kill -9``) right
 #: after the commit record of the first command of this operation is
 #: acknowledged, before its writes and events are sent.
@@ -99,16 +103,32 @@ async def _handle(event: EventT) -> None:
                     event.message.partition, event.message.offset, exc)
         if exc.reply is not None and exc.command_id:
             _answer(exc.reply, Reply(exc.command_id, exc.reply.client, False,
-                                     error_code="BadCommand", error_message=str(exc)))
+                                     error_code=exc.code, error_message=str(exc)))
         return
-    key = cmd.window_key.encode()
     partition = event.message.partition
     partitions = app.consumer.topic_partitions(commands_topic.get_topic_name()) or 0
-    if event.key != key or (partitions and partition
-                            != command_partition(cmd.window_key, partitions)):
+    if event.key != cmd.window_key.encode() or (
+            partitions and partition != command_partition(cmd.window_key, partitions)):
         _reject(cmd, "Misrouted", f"command for window {cmd.window_key} must be keyed by it "
                 f"and sent to partition {command_partition(cmd.window_key, partitions or 1)}")
         return
+    async with _one_at_a_time:
+        await _execute(cmd, partition, int(event.message.timestamp * 1000))
+
+
+async def run_internal(cmd: Command) -> None:
+    """Run an operation of the engine's own timers or scanner on a window
+    this worker owns. It never travels on the commands topic, so no client
+    can forge one; it waits its turn with the commands."""
+    partition = command_partition(cmd.window_key, specs.ENGINE_PARTITIONS)
+    if TP(commands_topic.get_topic_name(), partition) not in app.consumer.assignment():
+        return  # the window moved to another worker, whose timers take over
+    async with _one_at_a_time:
+        await _execute(cmd, partition, int(time.time() * 1000))
+
+
+async def _execute(cmd: Command, partition: int, sent_ms: int) -> None:
+    key = cmd.window_key.encode()
     store = TableStore(entries, partition)
     header_store = TableStore(headers, partition)
     raw = header_store.get(key)
@@ -116,15 +136,19 @@ async def _handle(event: EventT) -> None:
     if raw is not None and key not in _recovered:
         await _recover(raw, store)
         _recovered.add(key)
-    if cmd.op == "drop":
-        _written.pop(key, None)
-        await _drop(key, raw, store, header_store)
-        _reply_ok(cmd, {})
-        return
+    definitions = _definitions()
+    if cmd.op == "stats" and cmd.args["version"] >= 0:
+        await definitions.read_up_to(cmd.args["version"])
     window = _load(key, raw, cmd, store)
     if window is None:
         return
-    policy = await _definitions().policy_as_of(cmd.entity, int(event.message.timestamp * 1000))
+    if raw is not None and window.policy_version < definitions.deleted_at(cmd.entity):
+        # The queue was deleted after this window adopted its policy: what
+        # is stored belongs to the deleted queue, not to one of the same name.
+        _written.pop(key, None)
+        await _drop(key, raw, store, header_store)
+        window = InflightWindow(cmd.entity, cmd.partition, store)
+    policy = await definitions.policy_as_of(cmd.entity, sent_ms)
     outcome = window.apply(cmd, int(time.time() * 1000), policy)
     if outcome.changed:
         outbox = _event_records(window, outcome.events, cmd.id)
@@ -218,11 +242,8 @@ async def _recover(raw: bytes, store: TableStore) -> None:
     await asyncio.gather(*sent)
 
 
-async def _drop(key: bytes, raw: bytes | None, store: TableStore,
-                header_store: TableStore) -> None:
+async def _drop(key: bytes, raw: bytes, store: TableStore, header_store: TableStore) -> None:
     """Forget a deleted entity's window: its header and every key under it."""
-    if raw is None:
-        return
     body = InflightWindow.body_of(raw)
     prefix = InflightWindow(body["entity"], body["partition"]).prefix
     await header_store.write(key, None)
@@ -243,6 +264,10 @@ def _reject(cmd: Command, code: str, message: str) -> None:
 
 
 def _answer(address: ReplyAddress, reply: Reply) -> None:
+    if address.partition >= specs.REPLY_PARTITIONS:  # forged: nobody reads there
+        log.warning("not answering command %s: reply partition %d does not exist",
+                    reply.id, address.partition)
+        return
     _pending.put_nowait((address, reply))
 
 

@@ -23,6 +23,7 @@ from settlement._properties import QueueProperties
 from topics import names
 from topics.commands import Policy
 from topics.connection import ConnectionSettings
+from topics.offsets import take
 
 log = logging.getLogger(__name__)
 #: How long a command for a queue the engine has not heard of waits for its
@@ -39,6 +40,11 @@ class Definitions:
                                    "fetch.wait.max.ms": 20})
         self._consumer.assign([TopicPartition(self._topic, 0, 0)])
         self._policies: dict[str, tuple[int, Policy]] = {}
+        #: name -> offset of the last deletion read: windows of an older
+        #: definition belong to a deleted queue
+        self._deleted: dict[str, int] = {}
+        #: the next offset to read
+        self._position = 0
         #: wall-clock ms when a read last found nothing more to read
         self._caught_up_ms = 0
         self._closed = threading.Event()
@@ -48,6 +54,17 @@ class Definitions:
     def policy(self, name: str) -> tuple[int, Policy] | None:
         """``(version, policy)`` of a queue, None if no definition was read."""
         return self._policies.get(name)
+
+    def deleted_at(self, name: str) -> int:
+        """The offset of the queue's last deletion read, -1 if none."""
+        return self._deleted.get(name, -1)
+
+    async def read_up_to(self, offset: int) -> None:
+        """Wait (briefly) until the record at ``offset`` has been read: the
+        administration client names the definition it just wrote."""
+        deadline = time.monotonic() + WAIT_FOR_NEW_QUEUE_S
+        while self._position <= offset and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
 
     async def policy_as_of(self, name: str, sent_ms: int) -> tuple[int, Policy] | None:
         """The queue's policy, waiting (briefly) for a definition written
@@ -61,11 +78,12 @@ class Definitions:
     def _follow(self) -> None:
         while not self._closed.is_set():
             started = int(time.time() * 1000)
-            records = self._consumer.consume(500, timeout=0.1)
+            records = take(self._consumer, 500, 0.1)
             for record in records:
                 if record.error():
                     continue
                 self._apply(record.key(), record.value(), record.offset())
+                self._position = record.offset() + 1
             if not records:
                 self._caught_up_ms = started
 
@@ -73,6 +91,7 @@ class Definitions:
         name = (key or b"").decode(errors="replace")
         if value is None:
             self._policies.pop(name, None)
+            self._deleted[name] = offset
             return
         try:
             self._policies[name] = (offset, QueueProperties.from_json(value).policy())

@@ -96,7 +96,7 @@ class LogScanner:
         end = records[-1].offset() + 1
         self._sent[key] = (end, time.monotonic())
         return Command(f"accept-{uuid.uuid4().hex}", "accept", window.entity, window.partition,
-                       None, None, {"from": start, "to": end, "items": items})
+                       None, {"from": start, "to": end, "items": items})
 
     def _forward_dead_letters(self, window: InflightWindow) -> Command | None:
         if not window.forward_dead_letters_to:
@@ -114,7 +114,7 @@ class LogScanner:
         if not copied:
             return None
         return Command(f"dead-forwarded-{uuid.uuid4().hex}", "dead_forwarded", window.entity,
-                       window.partition, None, None, {"offsets": copied})
+                       window.partition, None, {"offsets": copied})
 
     def _item(self, key: str, window: InflightWindow, record: Message, now: int
               ) -> list[int] | None:

@@ -1,8 +1,6 @@
 """Drives the log scanner: scanned windows get their next accept as soon as
-their logs grow.
-
-Faust tables are written only by agents, so the accept travels as a command
-to the window's partition like every other change.
+their logs grow. Accepts run in this worker between two commands: they are
+the engine's own operation, which no client can send.
 """
 
 from __future__ import annotations
@@ -10,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from streams.app import app, commands_topic, entries, headers, settings
+from streams.app import app, entries, headers, settings
+from streams.command_agent import run_internal
 from streams.log_scanner import LogScanner
 from streams.table_store import TableStore
 from streams.window import InflightWindow
 from topics import specs
-from topics.commands import command_partition, encode_command
+from topics.commands import command_partition
 from topics.names import split_window_key
 
 _scanner = LogScanner(settings)
@@ -39,9 +38,7 @@ async def scan_queue_logs() -> None:
                 continue
             for cmd in await asyncio.to_thread(_scanner.scan, _window(key, raw)):
                 busy = True
-                await commands_topic.send(
-                    key=key, value=encode_command(cmd),
-                    partition=command_partition(key.decode(), specs.ENGINE_PARTITIONS))
+                await run_internal(cmd)
         await asyncio.sleep(0.005 if busy else 0.05)
 
 

@@ -29,8 +29,10 @@ settling anything twice. Nothing here knows Faust or Kafka.
 from __future__ import annotations
 
 import heapq
+import hmac
 import itertools
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -59,7 +61,7 @@ from streams.states import (
     Outcome,
 )
 from streams.store import MemoryStore, Store, Txn
-from topics.commands import Command, Policy, batch_id, lock_token, parse_lock_token
+from topics.commands import Command, Policy, batch_id, lock_token
 
 #: settle actions -> the event they produce
 _SETTLED = {"complete": "completed", "abandon": "abandoned", "release": "abandoned",
@@ -106,6 +108,8 @@ class InflightWindow:
         self.wake: int | None = None
         #: the oldest offset the log must keep (see :meth:`retained_from`)
         self.retained = 0
+        #: keys this window's lock tokens (see topics.commands.lock_token)
+        self.secret = os.urandom(16).hex()
         self._own_store = store is None
         self.store: Store = MemoryStore() if store is None else store
         self._begin()
@@ -126,7 +130,7 @@ class InflightWindow:
     _HEADER_FIELDS = ("start", "next", "hw", "lock_ms", "max_delivery", "dead_letter_expired",
                       "duplicate_window_ms", "default_ttl_ms", "forward_to",
                       "forward_dead_letters_to", "policy_version", "scanned", "counts", "ahead",
-                      "totals", "wake", "retained")
+                      "totals", "wake", "retained", "secret")
 
     def header(self) -> dict[str, Any]:
         return {"entity": self.entity, "partition": self.partition,
@@ -199,15 +203,13 @@ class InflightWindow:
     def apply(self, cmd: Command, now: int, policy: tuple[int, Policy] | None = None
               ) -> Outcome:
         """Apply one command; a command id seen before returns its first answer.
-        ``policy`` is the queue's newest known ``(version, policy)``; a
-        ``define`` command carries one too. The outcome's ``writes`` are what
-        the command changed in the store."""
+        ``policy`` is the queue's newest known ``(version, policy)``, from
+        its definition. The outcome's ``writes`` are what the command changed
+        in the store."""
         self._begin()
         before = self.header()
         if policy is not None:
             self._adopt(*policy)
-        if cmd.op == "define" and cmd.policy is not None:
-            self._adopt(cmd.args["version"], cmd.policy)
         if cmd.op in _REMEMBERED:
             stored = self.answers.get(cmd.id)
             if stored is not None:
@@ -251,7 +253,7 @@ class InflightWindow:
             return acceptance.accept(self, args["from"], args["to"], args["items"], events)
         if cmd.op == "dead_forwarded":
             return acceptance.dead_forwarded(self, args["offsets"], events)
-        return {}  # expire, define: what happened before dispatching is all they ask for
+        return {}  # expire: what happened before dispatching is all it asks for
 
     def _announce(self, items: list[list[int]], events: list[Event]) -> dict[str, Any]:
         """What a sender says of messages it sent: when they are due, when they
@@ -402,9 +404,11 @@ class InflightWindow:
             events.append(Event("enqueued", [], {"first": first, "count": hw - first}))
         self.hw = max(self.hw, hw)
 
-    @staticmethod
-    def _grant(offset: int, entry: Entry) -> list[Any]:
-        return [offset, lock_token(entry.batch, offset), entry.until, entry.deliveries,
+    def _token(self, entry: Entry, offset: int) -> str:
+        return lock_token(bytes.fromhex(self.secret), entry.batch, offset)
+
+    def _grant(self, offset: int, entry: Entry) -> list[Any]:
+        return [offset, self._token(entry, offset), entry.until, entry.deliveries,
                 entry.reason, entry.description, entry.source,
                 _GRANT_STATE.get(entry.state, "active")]
 
@@ -486,13 +490,11 @@ class InflightWindow:
     # ------------------------------------------------------------------ settle
     def _held(self, offset: int, token: str) -> Entry | None:
         """The locked entry a token still holds, None when the lock is lost."""
-        parsed = parse_lock_token(token)
-        if parsed is None or parsed[1] != offset:
-            return None
         entry = self.entries.get(offset)
         if entry is None or (entry.state != LOCKED and entry.state not in PARKED_LOCKED):
             return None
-        return entry if entry.batch == parsed[0] else None
+        held = isinstance(token, str) and hmac.compare_digest(token, self._token(entry, offset))
+        return entry if held else None
 
     def _settle(self, cmd: Command, now: int, events: list[Event]) -> dict[str, Any]:
         """Settle each item; answer each with ok, lock_lost or invalid."""

@@ -15,7 +15,6 @@ from settlement.receiver import MALFORMED_REASON
 from topics import names, specs
 from topics.commands import (
     Command,
-    Policy,
     ReplyAddress,
     command_partition,
     decode_reply,
@@ -60,7 +59,7 @@ def test_malformed_command_gets_an_error_reply(client: ServiceBusClient,
                                                make_queue: Callable[..., str]) -> None:
     queue = make_queue()
     link = client.get_queue_receiver(queue)._link
-    bad = Command("bad-op-" + queue, "explode", queue, 0, None, Policy())
+    bad = Command("bad-op-" + queue, "explode", queue, 0)
     bad.reply = link.command("stats", queue, 0).reply
     reply = link.call(bad)
     assert not reply.ok and reply.error_code == "BadCommand"
@@ -81,7 +80,7 @@ def test_misrouted_command_is_refused(client: ServiceBusClient,
                            exact=client.settings.profile.exact_list_offsets)
     replies.assign([TopicPartition(reply_topic, 0, ends[(reply_topic, 0)])])
     cmd = Command("misrouted-" + queue, "stats", queue, 0, ReplyAddress(0, "misrouted-test"),
-                  Policy(), {"hw": 0})
+                  {"hw": 0})
     right = command_partition(cmd.window_key, specs.ENGINE_PARTITIONS)
     producer = raw_producer(client)
     producer.produce(names.commands(ns), encode_command(cmd), key=cmd.window_key.encode(),

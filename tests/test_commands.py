@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 
 from topics.commands import (
     Command,
     CommandError,
-    Policy,
     ReplyAddress,
     decode_command,
     encode_command,
     lock_token,
-    parse_lock_token,
 )
 
 
 def test_command_round_trip() -> None:
-    cmd = Command("id1", "acquire", "orders", 2, ReplyAddress(3, "client"), Policy(5000, 4),
+    cmd = Command("id1", "acquire", "orders", 2, ReplyAddress(3, "client"),
                   {"sub": "active", "mode": "peek_lock", "max": 10, "hw": 7})
     assert decode_command(encode_command(cmd)) == cmd
 
@@ -48,6 +47,9 @@ def test_rejection_keeps_the_reply_address_when_readable() -> None:
     assert info.value.command_id == "abc" and info.value.reply == ReplyAddress(1, "me")
 
 
-def test_lock_token_names_batch_and_offset() -> None:
-    assert parse_lock_token(lock_token(12345, 678)) == (12345, 678)
-    assert parse_lock_token("not-a-token") is None
+def test_lock_tokens_are_keyed_uuid4s() -> None:
+    secret, other = b"k" * 16, b"o" * 16
+    token = lock_token(secret, 12345, 678)
+    assert uuid.UUID(token).version == 4 and lock_token(secret, 12345, 678) == token
+    assert len({token, lock_token(other, 12345, 678), lock_token(secret, 12346, 678),
+                lock_token(secret, 12345, 679)}) == 4

@@ -13,13 +13,13 @@ POLICY = Policy(lock_ms=1000, max_delivery=3)
 
 
 def cmd(op: str, cmd_id: str | None = None, **args: object) -> Command:
-    return Command(cmd_id or f"c{next(_ids)}", op, "q", 0, None, None, dict(args))
+    return Command(cmd_id or f"c{next(_ids)}", op, "q", 0, None, dict(args))
 
 
 def new_window() -> InflightWindow:
     """A window of a queue defined with :data:`POLICY`."""
     win = InflightWindow("q", 0)
-    win.apply(Command("define-q", "define", "q", 0, None, POLICY, {"version": 0}), 0)
+    win.apply(cmd("stats", hw=0, version=-1), 0, policy=(0, POLICY))
     return win
 
 

@@ -9,10 +9,12 @@ Command fields (all operations)::
 
     {"v": 1, "id": "<unique command id>", "op": "<operation>",
      "entity": "orders", "partition": 0,
-     "reply": {"partition": 3, "client": "<client id>"} | null,
-     "policy": {"lock_ms": 60000, "max_delivery": 10, "dlq_expired": false}}
+     "reply": {"partition": 3, "client": "<client id>"} | null}
 
-Operations and their own fields:
+A queue's policy (lock duration, max delivery count, TTL...) is never part of
+a command: the engine reads it from the queue's definition.
+
+Operations clients send, and their own fields:
 
 ``acquire``           ``sub`` ("active"|"deadletter"), ``max``, ``mode``
                       ("peek_lock"|"receive_and_delete"), ``hw`` (log end seen)
@@ -23,18 +25,22 @@ Operations and their own fields:
                       message not yet due) and expire (its time to live has passed);
                       ``at_ms`` may be left out for the other actions; ``enqueued_ms``
                       (the record's log timestamp, for end-to-end latency) may be left out
-``expire``            (from the engine's timer) lapse the locks that ended
-``stats``             ``hw``: counts of the window
+``stats``             ``hw``: counts of the window; ``version`` (optional): first wait
+                      until the engine has read the entities topic up to this offset
+                      (the administration client, after writing a definition)
 ``peek``              ``sub``, ``from`` (offset), ``max``, ``hw``: browse without locking
 ``announce``          ``items``: ``[[offset, due_ms, expires_ms]]`` (0: none), from a sender:
                       keep messages invisible until due, expire them on time
 ``cancel``            ``offsets``: cancel scheduled messages
-``accept``            (from the engine's log scanner) ``from``, ``to``, ``items``:
-                      ``[[offset, expires_ms, due_ms, mark]]`` for the offsets of
-                      ``[from, to)`` that need more than a plain message; mark 0 plain,
-                      1 duplicate, 2 forwarded, 3 too many hops, 4 forward target missing
-``dead_forwarded``    (from the scanner) ``offsets``: dead letters moved to their target
-``drop``              forget the window (queue deleted)
+
+Operations of the engine itself, which it runs in-process and refuses from the
+commands topic (error code ``Unauthorized``): ``expire`` (its lock timer
+lapses locks), ``accept`` (its log scanner vouches for the offsets of
+``[from, to)``, ``items``: ``[[offset, expires_ms, due_ms, mark]]``; mark 0
+plain, 1 duplicate, 2 forwarded, 3 too many hops, 4 forward target missing),
+``dead_forwarded`` (``offsets``: dead letters the scanner moved to their
+target). A window of a deleted queue is forgotten when the engine reads the
+deletion from the entities topic, never on a client's word.
 
 A reply is ``{"v": 1, "id": ..., "client": ..., "ok": true, "result": {...}}``
 or ``{"v": 1, "id": ..., "client": ..., "ok": false, "error": {"code", "message"}}``.
@@ -50,8 +56,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 VERSION = 1
-OPERATIONS = frozenset({"acquire", "acquire_deferred", "settle", "expire", "stats", "peek",
-                        "announce", "cancel", "accept", "dead_forwarded", "drop", "define"})
+#: what clients may send on the commands topic
+OPERATIONS = frozenset({"acquire", "acquire_deferred", "settle", "stats", "peek", "announce",
+                        "cancel"})
+#: what only the engine's own timers and scanner issue, in-process
+ENGINE_OPERATIONS = frozenset({"expire", "accept", "dead_forwarded"})
+#: what takes effect only from an entity's definition, written by the
+#: administration client (create, update and delete a queue)
+ADMINISTRATIVE = frozenset({"define", "drop"})
 ACTIONS = frozenset({"complete", "abandon", "release", "dead_letter", "defer", "renew", "schedule",
                      "expire"})
 SUB_QUEUES = frozenset({"active", "deadletter", "transferdeadletter"})
@@ -62,13 +74,15 @@ MAX_TEXT = 4096
 
 
 class CommandError(ValueError):
-    """A command record that does not follow this format."""
+    """A command record that does not follow this format (``code``
+    BadCommand), or asks for what clients may not do (Unauthorized)."""
 
     def __init__(self, message: str, command_id: str | None = None,
-                 reply: ReplyAddress | None = None) -> None:
+                 reply: ReplyAddress | None = None, code: str = "BadCommand") -> None:
         super().__init__(message)
         self.command_id = command_id
         self.reply = reply
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -101,7 +115,6 @@ class Command:
     entity: str
     partition: int
     reply: ReplyAddress | None = None
-    policy: Policy | None = None
     args: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -130,11 +143,6 @@ def encode_command(cmd: Command) -> bytes:
         "partition": cmd.partition,
         "reply": None if cmd.reply is None else {"partition": cmd.reply.partition,
                                                   "client": cmd.reply.client},
-        "policy": None if cmd.policy is None else {
-            "lock_ms": cmd.policy.lock_ms, "max_delivery": cmd.policy.max_delivery,
-            "dlq_expired": cmd.policy.dead_letter_expired,
-            "dup_ms": cmd.policy.duplicate_window_ms, "ttl_ms": cmd.policy.default_ttl_ms,
-            "fwd": cmd.policy.forward_to, "fwd_dlq": cmd.policy.forward_dead_letters_to},
     }
     body.update(cmd.args)
     return json.dumps(body, separators=(",", ":")).encode()
@@ -171,28 +179,27 @@ def decode_command(raw: bytes | None) -> Command:
         if not cmd_id or len(cmd_id) > 100:
             raise CommandError("field 'id' must be a non-empty string of at most 100 characters")
         op = obj.get("op")
+        if op in ENGINE_OPERATIONS:
+            raise CommandError(f"{op!r} is an operation of the engine itself; clients may "
+                               f"send {sorted(OPERATIONS)}", code="Unauthorized")
+        if op in ADMINISTRATIVE:
+            raise CommandError(f"{op!r} is not a command: queues are defined, changed and "
+                               "deleted through their definitions (ServiceBusAdministrationClient, "
+                               "with the Manage right)", code="Unauthorized")
         if op not in OPERATIONS:
             raise CommandError(f"unknown operation {op!r}; expected one of {sorted(OPERATIONS)}")
         entity = obj.get("entity")
         if not isinstance(entity, str) or not entity or len(entity) > 200:
             raise CommandError("field 'entity' must be a non-empty string")
         partition = _int(obj, "partition", 0, 1 << 20)
-        pol = obj.get("policy")
-        if pol is not None and not isinstance(pol, dict):
-            raise CommandError("field 'policy' must be an object")
-        policy = None if pol is None else Policy(_int(pol, "lock_ms", 1000, MAX_LOCK_MS),
-                                                 _int(pol, "max_delivery", 1, 1 << 30),
-                                                 pol.get("dlq_expired") is True,
-                                                 _int(pol, "dup_ms", 0, 1 << 40) if "dup_ms" in pol
-                                                 else 0,
-                                                 _int(pol, "ttl_ms", 0, 1 << 50) if "ttl_ms" in pol
-                                                 else 0, _name(pol, "fwd"), _name(pol, "fwd_dlq"))
+        if obj.get("policy") is not None:
+            raise CommandError("a command cannot carry a policy: the engine reads each "
+                               "queue's from its definition (update_queue changes it)",
+                               code="Unauthorized")
         args = _decode_args(op, obj)
-        if op == "define" and policy is None:
-            raise CommandError("a define command must carry the queue's policy")
     except CommandError as exc:
-        raise CommandError(str(exc), cmd_id, reply) from None
-    return Command(cmd_id, op, entity, partition, reply, policy, args)
+        raise CommandError(str(exc), cmd_id, reply, exc.code) from None
+    return Command(cmd_id, op, entity, partition, reply, args)
 
 
 def _decode_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -203,22 +210,13 @@ def _decode_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
             raise CommandError(f"field 'mode' must be one of {sorted(MODES)}")
         return {"sub": obj["sub"], "mode": obj["mode"], "max": _int(obj, "max", 1, MAX_ACQUIRE),
                 "hw": _int(obj, "hw", 0, 1 << 62)}
-    if op in ("acquire_deferred", "cancel", "dead_forwarded"):
+    if op in ("acquire_deferred", "cancel"):
         offsets = obj.get("offsets")
         if not isinstance(offsets, list) or not offsets or len(offsets) > MAX_ACQUIRE or not all(
             _is_count(o) for o in offsets
         ):
             raise CommandError("field 'offsets' must be a non-empty list of offsets")
         return {"offsets": offsets}
-    if op == "accept":
-        items = obj.get("items")
-        if not isinstance(items, list) or len(items) > 100_000 or not all(
-            isinstance(i, list) and len(i) == 4 and all(_is_count(v) for v in i) for i in items
-        ):
-            raise CommandError("field 'items' must be a list of [offset, expires_ms, due_ms, "
-                               "mark]")
-        return {"from": _int(obj, "from", 0, 1 << 62), "to": _int(obj, "to", 0, 1 << 62),
-                "items": items}
     if op == "announce":
         items = obj.get("items")
         if not isinstance(items, list) or not items or len(items) > MAX_ACQUIRE or not all(
@@ -230,24 +228,14 @@ def _decode_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
     if op == "settle":
         return {"items": _decode_items(obj.get("items"))}
     if op == "stats":
-        return {"hw": _int(obj, "hw", 0, 1 << 62)}
-    if op == "define":
-        return {"version": _int(obj, "version", 0, 1 << 62)}
+        return {"hw": _int(obj, "hw", 0, 1 << 62),
+                "version": _int(obj, "version", -1, 1 << 62) if "version" in obj else -1}
     if op == "peek":
         if obj.get("sub") not in SUB_QUEUES:
             raise CommandError(f"field 'sub' must be one of {sorted(SUB_QUEUES)}")
         return {"sub": obj["sub"], "from": _int(obj, "from", 0, 1 << 62),
                 "max": _int(obj, "max", 1, MAX_ACQUIRE), "hw": _int(obj, "hw", 0, 1 << 62)}
     return {}
-
-
-def _name(obj: dict[str, Any], key: str) -> str | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or len(value) > 200:
-        raise CommandError(f"field {key!r} must be an entity name")
-    return value
 
 
 def _is_count(value: Any) -> bool:
@@ -307,22 +295,18 @@ def decode_reply(raw: bytes | None) -> Reply | None:
         return None
 
 
-def lock_token(batch: int, offset: int) -> str:
-    """A lock token: a UUID naming the acquire (batch) and the offset it locks.
+def lock_token(secret: bytes, batch: int, offset: int) -> str:
+    """A lock token: a UUID (version 4, so 122 bits) keyed by the window's
+    secret over the acquire (batch) and the offset it locks.
 
     Tokens are derived, not stored: the engine keeps one batch id per locked
-    offset and recomputes the token to check a settlement.
+    offset and recomputes the token to check a settlement. Without the
+    secret, which only the engine reads, a token cannot be forged, and the
+    token of an earlier lock on the same offset no longer matches.
     """
-    return str(uuid.UUID(int=((batch & _BATCH_MASK) << 64) | (offset & _OFFSET_MASK)))
-
-
-def parse_lock_token(token: str) -> tuple[int, int] | None:
-    """``(batch, offset)`` of a token, None for a string that is not a lock token."""
-    try:
-        value = uuid.UUID(token).int
-    except (ValueError, AttributeError, TypeError):
-        return None
-    return value >> 64, value & _OFFSET_MASK
+    digest = hashlib.blake2b(batch.to_bytes(8, "big") + offset.to_bytes(8, "big"),
+                             key=secret, digest_size=16).digest()
+    return str(uuid.UUID(bytes=digest, version=4))
 
 
 def batch_id(command_id: str) -> int:
@@ -330,6 +314,3 @@ def batch_id(command_id: str) -> int:
     processing the same command twice grants the very same locks."""
     return int.from_bytes(hashlib.blake2b(command_id.encode(), digest_size=6).digest(), "big")
 
-
-_BATCH_MASK = (1 << 64) - 1
-_OFFSET_MASK = (1 << 64) - 1

@@ -59,7 +59,8 @@ class ServiceBusAdministrationClient:
                 f"{self._settings.namespace!r}: use get_queue, or delete_queue first")
         specs.provision(self._admin, specs.entity_topics(
             self._settings.namespace, queue_name, props.partition_count), replicas)
-        self._define(props, self._registry.put(props, queue_name))
+        self._engine_follows(queue_name, props.partition_count,
+                             self._registry.put(props, queue_name))
         return props
 
     def update_queue(self, queue: QueueProperties, **_: Any) -> None:
@@ -75,20 +76,28 @@ class ServiceBusAdministrationClient:
         fields = {f.name: getattr(queue, f.name) for f in dataclasses.fields(queue)}
         props = _validated(QueueProperties(**{**_as_timedeltas(fields),
                                               "created_at_utc": current.created_at_utc}))
-        self._define(props, self._registry.put(props, queue.name))
+        self._engine_follows(queue.name, props.partition_count,
+                             self._registry.put(props, queue.name))
 
-    def _define(self, props: QueueProperties, version: int) -> None:
-        """Give the engine the queue's policy now, so that it is in effect when
-        this returns, and a queue that scans its messages starts at once (best
-        effort: the engine also reads every definition on its own)."""
+    def _engine_follows(self, name: str, partitions: int, version: int) -> None:
+        """Wait until the engine has read record ``version`` of the entities
+        topic (the definition or deletion just written) and every window of
+        the queue follows it: a new policy is in effect when this returns, a
+        queue that scans its messages starts at once, a deleted queue's state
+        is gone. The engine takes definitions only from that topic, never
+        from a command; if it does not answer now, it reads them on its own."""
+        link = self._engine()
         try:
-            link = self._engine()
-            link.call_many([link.command("define", props.name, p, policy=props.policy(),
-                                         version=version)
-                            for p in range(props.partition_count)])
+            replies = link.call_many([link.command("stats", name, p, hw=0, version=version)
+                                      for p in range(partitions)])
         except (OperationTimeoutError, ServiceBusConnectionError) as exc:
-            log.warning("queue %r defined, but the engine did not answer (%s); it takes the "
-                        "definition from the entities topic", props.name, exc.message)
+            log.warning("queue %r written, but the engine did not answer (%s); it reads the "
+                        "entities topic on its own", name, exc.message)
+            return
+        for reply in replies:
+            if not reply.ok:
+                raise ServiceBusError(f"the engine refused to read queue {name!r}: "
+                                      f"{reply.error_message}", error_code=reply.error_code)
 
     def get_queue(self, queue_name: str) -> QueueProperties:
         return self._registry.get(queue_name, fresh=True)
@@ -97,12 +106,12 @@ class ServiceBusAdministrationClient:
         return sorted(self._registry.load().values(), key=lambda q: q.name)
 
     def delete_queue(self, queue_name: str) -> None:
-        """Forget the queue's windows, delete its definition and its log."""
+        """Delete the queue's definition and its log. The engine forgets the
+        queue's windows once it reads the deletion (a client cannot make it
+        forget them); this waits until it has."""
         props = self._registry.get(queue_name, fresh=True)
-        link = self._engine()
-        link.call_many([link.command("drop", queue_name, p)
-                        for p in range(props.partition_count)])
-        self._registry.put(None, queue_name)
+        self._engine_follows(queue_name, props.partition_count,
+                             self._registry.put(None, queue_name))
         futures = self._admin.delete_topics([names.entity_log(self._settings.namespace,
                                                               queue_name)])
         for fut in futures.values():
