@@ -7,10 +7,14 @@ import logging
 import time
 import uuid
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from settlement._properties import QueueProperties
-from settlement.exceptions import MessagingEntityNotFoundError, ServiceBusConnectionError
+from settlement.exceptions import (
+    MessagingEntityNotFoundError,
+    ServiceBusConnectionError,
+    denied,
+)
 from topics import names
 from topics.connection import ConnectionSettings
 from topics.offsets import log_end_offsets, take
@@ -42,7 +46,12 @@ class EntityRegistry:
     def _log_end(self, consumer: Consumer) -> int:
         try:
             metadata = consumer.list_topics(self._topic, timeout=10)
-            if metadata.topics[self._topic].error is not None:
+            error = metadata.topics[self._topic].error
+            if error is not None:
+                refused = denied(error.name(), "a right (Send, Listen or Manage)",
+                                 f"namespace {self._settings.namespace!r}")
+                if refused is not None:
+                    raise refused
                 return 0  # not provisioned yet: no queues
             exact = self._settings.profile.exact_list_offsets
             return log_end_offsets(consumer, [(self._topic, 0)], exact=exact)[(self._topic, 0)]
@@ -94,10 +103,22 @@ class EntityRegistry:
         producer = Producer({**self._settings.kafka_config(), "acks": "all",
                              "enable.idempotence": True})
         written: list[int] = []
+        errors: list[KafkaError] = []
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is None:
+                written.append(msg.offset())
+            else:
+                errors.append(err)
+
         producer.produce(self._topic, None if props is None else props.to_json(),
-                         key=name.encode(), partition=0,
-                         on_delivery=lambda err, msg: err is None and written.append(msg.offset()))
+                         key=name.encode(), partition=0, on_delivery=delivered)
         if producer.flush(15) != 0 or not written:
-            raise TimeoutError(f"could not write the definition of {name!r} to {self._topic}")
+            refused = errors and denied(errors[0].name(), "the Manage right",
+                                        f"namespace {self._settings.namespace!r}")
+            if refused:
+                raise refused
+            raise TimeoutError(f"could not write the definition of {name!r} to {self._topic}"
+                               + (f": {errors[0].str()}" if errors else ""))
         self._loaded_at = 0.0
         return written[0]

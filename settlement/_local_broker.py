@@ -48,7 +48,8 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def wait_until_answering(bootstrap: str, brokers: int, timeout: float, what: str,
-                         failure: Callable[[], str | None], tail: Callable[[], str]) -> None:
+                         failure: Callable[[], str | None], tail: Callable[[], str],
+                         security: dict[str, str] | None = None) -> None:
     """Poll *bootstrap* with metadata requests until *brokers* brokers are
     registered. ``failure()`` returns why the broker cannot come up (a process
     exited), checked between attempts so a dead broker is noticed at once;
@@ -56,7 +57,7 @@ def wait_until_answering(bootstrap: str, brokers: int, timeout: float, what: str
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({
-        "bootstrap.servers": bootstrap,
+        "bootstrap.servers": bootstrap, **(security or {}),
         # Keep librdkafka's own reconnect chatter out of the caller's log.
         "log_level": 0,
         "socket.connection.setup.timeout.ms": 1000,

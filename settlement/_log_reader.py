@@ -15,8 +15,9 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from settlement.exceptions import ServiceBusCommunicationError
+from settlement.exceptions import ServiceBusCommunicationError, denied
 from topics.connection import ConnectionSettings
+from topics.names import entity_of_log
 from topics.offsets import OFFSET_UNKNOWN, take
 
 _AHEAD_LIMIT = 10_000
@@ -30,7 +31,11 @@ class PartitionReader:
         config = settings.consumer_config(f"reader-{uuid.uuid4().hex[:12]}")
         config["queued.max.messages.kbytes"] = 16384
         self._consumer = Consumer(config)
-        lower = self._consumer.get_watermark_offsets(self._tp, timeout=10)[1]
+        try:
+            lower = self._consumer.get_watermark_offsets(self._tp, timeout=10)[1]
+        except KafkaException:
+            self._raise_if_denied(self._consumer.list_topics(topic, timeout=10).topics[topic].error)
+            raise
         self._position = max(0, lower - 1)
         self._consumer.assign([TopicPartition(topic, partition, self._position)])
         self._ahead: dict[int, Message] = {}
@@ -81,11 +86,18 @@ class PartitionReader:
             wanted = [o for o in wanted if o not in found]
         return found
 
+    def _raise_if_denied(self, err: KafkaError | None) -> None:
+        refused = err and denied(err.name(), "the Listen right",
+                                 f"queue {entity_of_log(self._tp.topic)!r}")
+        if refused:
+            raise refused
+
     def _take(self, records: list[Message]) -> list[Message]:
         good = []
         for record in records:
             err = record.error()
             if err is not None:
+                self._raise_if_denied(err)
                 if err.code() != KafkaError._PARTITION_EOF:
                     raise ServiceBusCommunicationError(
                         f"reading {self._tp.topic}[{self._tp.partition}] failed: {err.str()}")

@@ -124,12 +124,20 @@ class KafkaCluster:
     """An Apache Kafka cluster of ``brokers`` local nodes (1 or 3) that lives
     as long as this object is started. ``port`` is the first node's client
     port (the others follow it); 0 picks free ports. Without ``data_dir`` the
-    data lives in a temporary directory removed by :meth:`stop`."""
+    data lives in a temporary directory removed by :meth:`stop`.
+
+    With ``users`` (name -> password, ``admin`` among them) clients must
+    authenticate (SASL/PLAIN) and Kafka's ``StandardAuthorizer`` allows only
+    what ACLs grant; ``admin`` is the super user who grants them."""
 
     def __init__(self, brokers: int = 1, port: int = 0, data_dir: str | os.PathLike[str] | None
-                 = None, version: str = KAFKA_VERSION) -> None:
+                 = None, version: str = KAFKA_VERSION, users: dict[str, str] | None = None
+                 ) -> None:
         if brokers not in (1, 3):
             raise ValueError(f"brokers must be 1 or 3, got {brokers}")
+        if users is not None and "admin" not in users:
+            raise ValueError("a secured cluster needs a user named 'admin' (its super user)")
+        self.users = users
         self.brokers = brokers
         self.version = version
         self._requested_port = port
@@ -155,9 +163,19 @@ class KafkaCluster:
         """True while every node runs."""
         return bool(self.nodes) and all(node.running for node in self.nodes)
 
-    def connection_string(self, namespace: str) -> str:
-        """A settlement connection string for this cluster and *namespace*."""
-        return f"Endpoint=kafka://{self.bootstrap};Namespace={namespace}"
+    def connection_string(self, namespace: str, user: str = "admin") -> str:
+        """A settlement connection string for this cluster and *namespace*
+        (on a secured cluster, as ``user``)."""
+        conn = f"Endpoint=kafka://{self.bootstrap};Namespace={namespace}"
+        if self.users is None:
+            return conn
+        return f"{conn};SharedAccessKeyName={user};SharedAccessKey={self.users[user]}"
+
+    def _admin_security(self) -> dict[str, str]:
+        if self.users is None:
+            return {}
+        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                "sasl.username": "admin", "sasl.password": self.users["admin"]}
 
     def node(self, node_id: int) -> KafkaNode:
         return next(node for node in self.nodes if node.node_id == node_id)
@@ -283,10 +301,34 @@ class KafkaCluster:
             "log.dirs": str(node.directory / "data"),
             **replication_settings(self.brokers),
             **BROKER_SETTINGS,
+            **self._secured_settings(node),
         }
         node.directory.mkdir(parents=True, exist_ok=True)
         (node.directory / "server.properties").write_text(
             "".join(f"{key}={value}\n" for key, value in config.items()))
+
+    def _secured_settings(self, node: KafkaNode) -> dict[str, str]:
+        """SASL/PLAIN on the client listener, and ACLs enforced. The controller
+        listener stays plaintext on loopback (its principal, ANONYMOUS, is a
+        super user so that nodes can talk to the quorum)."""
+        if self.users is None:
+            return {}
+        accounts = " ".join(f'user_{name}="{password}"' for name, password in self.users.items())
+        return {
+            "listeners": f"SASL_PLAINTEXT://{_HOST}:{node.port},CONTROLLER://{_HOST}:"
+                         f"{node.controller_port}",
+            "advertised.listeners": f"SASL_PLAINTEXT://{_HOST}:{node.port}",
+            "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT,"
+                                              "CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "SASL_PLAINTEXT",
+            "sasl.enabled.mechanisms": "PLAIN",
+            "sasl.mechanism.inter.broker.protocol": "PLAIN",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config":
+                "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                f'username="admin" password="{self.users["admin"]}" {accounts};',
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": "User:admin;User:ANONYMOUS",
+        }
 
     def _format(self, node: KafkaNode, cluster_id: str) -> None:
         done = self._storage_tool("format", "-t", cluster_id, "-c",
@@ -311,7 +353,8 @@ class KafkaCluster:
             return "; ".join(dead) or None
 
         wait_until_answering(self.bootstrap, brokers, START_TIMEOUT_S,
-                             f"Apache Kafka {self.version}", failure, self.log_tail)
+                             f"Apache Kafka {self.version}", failure, self.log_tail,
+                             self._admin_security())
 
     def __enter__(self) -> Self:
         return self.start()

@@ -115,8 +115,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_receive(commands, common)
 
     _add_dlq_commands(commands, common)
+    _add_acl(commands, common)
     spark_cli.add_commands(commands, common, _connection_string)
     return parser
+
+
+def _add_acl(commands: Any, common: argparse.ArgumentParser) -> None:
+    acl = commands.add_parser(
+        "acl", parents=[common], help="print or apply the Kafka ACLs of a right",
+        description="The Kafka ACLs that give a principal a Service Bus right (Send, Listen, "
+                    "Manage) on the connection string's namespace or one of its entities, or "
+                    "that an engine worker needs. Printed; applied with --apply (the "
+                    "connection string's principal must be allowed to alter ACLs).")
+    acl.add_argument("principal", help="the Kafka principal, e.g. User:orders-app")
+    who = acl.add_mutually_exclusive_group(required=True)
+    who.add_argument("--right", choices=["Send", "Listen", "Manage"])
+    who.add_argument("--engine", action="store_true", help="the ACLs of an engine worker")
+    acl.add_argument("--entity", default=None,
+                     help="only this entity (default: every entity of the namespace)")
+    acl.add_argument("--apply", action="store_true", help="create the ACLs on the cluster")
+    acl.set_defaults(handler=cmd_acl)
 
 
 def _add_dlq_commands(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -332,6 +350,26 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from streams.worker import run_worker
 
     run_worker(_connection_string(args), args.data_dir, args.web_port, args.loglevel)
+    return 0
+
+
+def cmd_acl(args: argparse.Namespace) -> int:
+    from confluent_kafka.admin import AdminClient
+
+    from topics import rights
+    from topics.connection import parse_connection_string
+
+    settings = parse_connection_string(_connection_string(args))
+    bindings = (rights.engine_acl_bindings(settings.namespace, args.principal) if args.engine
+                else rights.acl_bindings(settings.namespace, args.principal, args.right,
+                                         args.entity))
+    for binding in bindings:
+        print(rights.describe(binding))
+    if args.apply:
+        admin = AdminClient(settings.kafka_config())
+        for future in admin.create_acls(bindings).values():
+            future.result(30)
+        print(f"applied {len(bindings)} ACLs")
     return 0
 
 

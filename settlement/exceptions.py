@@ -55,6 +55,25 @@ class ServiceBusAuthorizationError(ServiceBusError):
     or asked for what only the engine itself may do."""
 
 
+#: librdkafka error names of a refusal by the broker's authorizer
+_DENIED = frozenset({"TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED",
+                     "CLUSTER_AUTHORIZATION_FAILED", "SASL_AUTHENTICATION_FAILED",
+                     "_AUTHENTICATION"})
+
+
+def denied(error_name: str, needs: str, scope: str) -> ServiceBusAuthorizationError | None:
+    """The error to raise when Kafka's authorizer refused what needs ``needs``
+    ("the Send right") on ``scope`` ("queue 'orders'"); None for errors of
+    another kind."""
+    if error_name not in _DENIED:
+        return None
+    return ServiceBusAuthorizationError(
+        f"the principal of this connection string lacks {needs} on {scope} (Kafka answered "
+        f"{error_name}): check SharedAccessKeyName/SharedAccessKey, or have the right granted "
+        "('settlement acl PRINCIPAL --right RIGHT [--entity NAME] --apply')",
+        error_code="Unauthorized")
+
+
 class MessageSizeExceededError(ServiceBusError, ValueError):
     """A message is larger than its entity accepts."""
 

@@ -20,6 +20,7 @@ from settlement.exceptions import (
     MessagingEntityNotFoundError,
     ServiceBusCommunicationError,
     ServiceBusError,
+    denied,
 )
 from settlement.message import ServiceBusMessage
 from topics import names
@@ -222,6 +223,9 @@ class ServiceBusSender:
 
 
 def _send_error(entity: str, err: KafkaError) -> ServiceBusError:
+    refused = denied(err.name(), "the Send right", f"queue {entity!r}")
+    if refused is not None:
+        return refused
     code = err.code()
     if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
         return MessagingEntityNotFoundError(

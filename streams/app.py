@@ -57,6 +57,9 @@ timer_interval = float(os.environ.get("SETTLEMENT_TIMER_INTERVAL", "0.5"))
 app = faust.App(
     names.engine_app_id(namespace),
     broker=[f"kafka://{host}" for host in settings.bootstrap_servers.split(",")],
+    # The connection string's SASL settings, so that the engine's own
+    # consumer and producer authenticate like every other client.
+    broker_credentials=settings.faust_credentials(),
     store="rocksdb://",
     datadir=_data_dir,
     # Static group membership: a worker restarted on its data dir (after a

@@ -5,6 +5,9 @@ changes the string. Optional keys:
 
 * ``SecurityProtocol``, ``SaslMechanism``, ``SaslUsername``, ``SaslPassword``,
   ``SslCaLocation``: passed to Kafka clients as their librdkafka names.
+* ``SharedAccessKeyName`` and ``SharedAccessKey`` (the Service Bus names) are
+  the SASL user name and password; the mechanism is then PLAIN and the
+  protocol SASL_PLAINTEXT unless the string names others.
 
 Nothing in the string tunes for a broker: what differs between Apache Kafka
 and the embedded broker is detected (:mod:`topics.broker_profile`). The
@@ -28,6 +31,8 @@ _SECURITY_KEYS = {
     "saslusername": "sasl.username",
     "saslpassword": "sasl.password",
     "sslcalocation": "ssl.ca.location",
+    "sharedaccesskeyname": "sasl.username",
+    "sharedaccesskey": "sasl.password",
 }
 _LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
 _HOSTPORT = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
@@ -58,10 +63,12 @@ class ConnectionSettings:
                 **self.security}
 
     def consumer_config(self, group_id: str) -> dict[str, object]:
-        """A consumer that is only ever assigned partitions and never commits."""
+        """A consumer that is only ever assigned partitions and never commits.
+        Its group is named under the namespace, where the namespace's ACLs
+        allow it (:mod:`topics.rights`)."""
         return {
             **self.kafka_config(),
-            "group.id": group_id,
+            "group.id": f"{self.namespace}.{group_id}",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "fetch.wait.max.ms": self.profile.fetch_max_wait_ms,
@@ -69,10 +76,21 @@ class ConnectionSettings:
             "auto.offset.reset": "earliest",
         }
 
+    def faust_credentials(self) -> Any:
+        """The SASL credentials of this connection for Faust (aiokafka), or
+        None for a plaintext connection."""
+        if "sasl.username" not in self.security:
+            return None
+        import faust  # the engine's dependency: clients never get here
+
+        return faust.SASLCredentials(
+            username=self.security["sasl.username"], password=self.security["sasl.password"],
+            mechanism=self.security.get("sasl.mechanism", "PLAIN"))
+
     def to_string(self) -> str:
         """The connection string that parses back to these settings."""
         parts = [f"Endpoint=kafka://{self.bootstrap_servers}", f"Namespace={self.namespace}"]
-        inverse = {v: k for k, v in _SECURITY_KEYS.items()}
+        inverse = {v: k for k, v in _SECURITY_KEYS.items() if not k.startswith("shared")}
         parts += [f"{inverse[k]}={v}" for k, v in self.security.items()]
         return ";".join(parts)
 
@@ -106,6 +124,9 @@ def parse_connection_string(conn_str: str) -> ConnectionSettings:
             "FetchMaxWaitMs in the connection string is ignored: the broker's fetch "
             "behaviour is detected")
     security = {_SECURITY_KEYS[k]: values.pop(k) for k in list(values) if k in _SECURITY_KEYS}
+    if "sasl.username" in security:
+        security.setdefault("sasl.mechanism", "PLAIN")
+        security.setdefault("security.protocol", "SASL_PLAINTEXT")
     if values:
         raise ConnectionStringError(f"unknown connection string keys: {sorted(values)}")
     return ConnectionSettings(",".join(hosts), namespace, security)

@@ -55,6 +55,11 @@ def entity_log(namespace: str, entity: str) -> str:
     return f"{namespace}.queue.{validate_entity(entity)}"
 
 
+def entity_of_log(topic: str) -> str:
+    """The entity whose message log ``topic`` is (``NS.queue.ENTITY``)."""
+    return topic.split(".queue.", 1)[-1]
+
+
 def _namespace_topic(suffix: str) -> Callable[[str], str]:
     def name(namespace: str) -> str:
         return f"{namespace}.__{suffix}"

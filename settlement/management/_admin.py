@@ -8,7 +8,7 @@ import logging
 import uuid
 from typing import Any
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from settlement._engine_link import EngineLink
@@ -24,6 +24,7 @@ from settlement.exceptions import (
     OperationTimeoutError,
     ServiceBusConnectionError,
     ServiceBusError,
+    denied,
 )
 from settlement.management._queue_size import queue_size_in_bytes
 from topics import names, specs
@@ -51,14 +52,13 @@ class ServiceBusAdministrationClient:
         """Create the queue's log and definition; raise if it exists."""
         names.validate_entity(queue_name)
         props = _validated(QueueProperties(queue_name, **_as_timedeltas(kwargs)))
-        replicas = self._settings.profile.replication_factor
-        specs.provision(self._admin, specs.namespace_topics(self._settings.namespace), replicas)
+        self._provision(specs.namespace_topics(self._settings.namespace))
         if queue_name in self._registry.load():
             raise MessagingEntityAlreadyExistsError(
                 f"queue {queue_name!r} already exists in namespace "
                 f"{self._settings.namespace!r}: use get_queue, or delete_queue first")
-        specs.provision(self._admin, specs.entity_topics(
-            self._settings.namespace, queue_name, props.partition_count), replicas)
+        self._provision(specs.entity_topics(self._settings.namespace, queue_name,
+                                            props.partition_count))
         self._engine_follows(queue_name, props.partition_count,
                              self._registry.put(props, queue_name))
         return props
@@ -78,6 +78,18 @@ class ServiceBusAdministrationClient:
                                               "created_at_utc": current.created_at_utc}))
         self._engine_follows(queue.name, props.partition_count,
                              self._registry.put(props, queue.name))
+
+    def _provision(self, topics: list[specs.TopicSpec]) -> None:
+        try:
+            specs.provision(self._admin, topics, self._settings.profile.replication_factor)
+        except specs.ProvisioningError as exc:
+            cause = exc.__cause__
+            refused = isinstance(cause, KafkaException) and denied(
+                cause.args[0].name(), "the Manage right",
+                f"namespace {self._settings.namespace!r}")
+            if refused:
+                raise refused from None
+            raise
 
     def _engine_follows(self, name: str, partitions: int, version: int) -> None:
         """Wait until the engine has read record ``version`` of the entities

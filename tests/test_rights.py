@@ -1,0 +1,115 @@
+"""Service Bus rights on Kafka ACLs: Apache Kafka with SASL/PLAIN and the
+StandardAuthorizer, started here, ACLs from ``settlement acl``'s bindings.
+Each refusal is a ServiceBusAuthorizationError naming the entity and the
+missing right. (The embedded broker has no authorizer: its engine-side
+refusals are tested in test_engine_rights.py.)"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from settlement import ServiceBusClient, ServiceBusMessage
+from settlement.apache_kafka import KafkaCluster
+from settlement.exceptions import ServiceBusAuthorizationError
+from settlement.management import ServiceBusAdministrationClient
+from streams.process import EngineProcess
+from tests.helpers import TEST_BROKER
+from topics import rights
+from topics.connection import parse_connection_string
+
+pytestmark = pytest.mark.skipif(TEST_BROKER != "kafka",
+                                reason="ACLs need Apache Kafka's authorizer")
+NS, OTHER_NS = "shop", "bank"
+USERS = {name: uuid.uuid4().hex for name in
+         ("admin", "engine", "manager", "sender", "listener", "banker")}
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    cluster = KafkaCluster(users=USERS, data_dir=tmp_path_factory.mktemp("secured-kafka"))
+    cluster.start()
+    engine: EngineProcess | None = None
+    try:
+        admin = AdminClient(parse_connection_string(cluster.connection_string(NS)).kafka_config())
+        bindings = [*rights.engine_acl_bindings(NS, "User:engine"),
+                    *rights.acl_bindings(NS, "User:manager", "Manage"),
+                    *rights.acl_bindings(NS, "User:sender", "Send", "orders"),
+                    *rights.acl_bindings(NS, "User:listener", "Listen", "orders"),
+                    *rights.acl_bindings(OTHER_NS, "User:banker", "Manage")]
+        for done in admin.create_acls(bindings).values():
+            done.result(30)
+        engine = EngineProcess(cluster.connection_string(NS, "engine"),
+                               Path(tmp_path_factory.mktemp("secured-engine"))).start()
+        manager = ServiceBusAdministrationClient.from_connection_string(
+            cluster.connection_string(NS, "manager"))
+        manager.create_queue("orders", lock_duration=30)
+        manager.create_queue("payments", lock_duration=30)
+        manager.close()
+        yield cluster
+    finally:
+        if engine is not None:
+            engine.stop()
+        cluster.stop()
+
+
+def as_user(cluster: KafkaCluster, user: str, namespace: str = NS) -> ServiceBusClient:
+    return ServiceBusClient.from_connection_string(cluster.connection_string(namespace, user))
+
+
+def admin_as(cluster: KafkaCluster, user: str) -> ServiceBusAdministrationClient:
+    return ServiceBusAdministrationClient.from_connection_string(
+        cluster.connection_string(NS, user))
+
+
+def test_send_and_listen_rights_each_allow_their_half(secured: KafkaCluster) -> None:
+    with as_user(secured, "sender") as client:
+        client.get_queue_sender("orders").send_messages(
+            [ServiceBusMessage(f"m{i}", message_id=f"m{i}") for i in range(5)])
+        with pytest.raises(ServiceBusAuthorizationError, match="Listen right on queue .orders."):
+            client.get_queue_receiver("orders").receive_messages(5, max_wait_time=5)
+        with pytest.raises(ServiceBusAuthorizationError, match="Send right on queue .payments."):
+            client.get_queue_sender("payments").send_messages(ServiceBusMessage("x"))
+    with as_user(secured, "listener") as client:
+        receiver = client.get_queue_receiver("orders")
+        got = []
+        while len(got) < 5:
+            batch = receiver.receive_messages(5 - len(got), max_wait_time=10)
+            assert batch, f"only {len(got)} of 5 received"
+            got += batch
+        assert sorted(m.message_id for m in got) == [f"m{i}" for i in range(5)]
+        assert all(r.succeeded for r in receiver.complete_messages(got))
+        with pytest.raises(ServiceBusAuthorizationError, match="Send right on queue .orders."):
+            client.get_queue_sender("orders").send_messages(ServiceBusMessage("x"))
+        with pytest.raises(ServiceBusAuthorizationError, match="Listen right on queue .payments."):
+            client.get_queue_receiver("payments").receive_messages(1, max_wait_time=5)
+        link = receiver._link  # a Listen principal writes commands, but not the engine's
+        for op in ("drop", "expire"):
+            reply = link.call(link.command(op, "orders", 0))
+            assert not reply.ok and reply.error_code == "Unauthorized", reply
+
+
+def test_only_manage_creates_and_deletes(secured: KafkaCluster) -> None:
+    for user in ("listener", "sender"):
+        admin = admin_as(secured, user)
+        with pytest.raises(ServiceBusAuthorizationError, match="Manage right on namespace .shop."):
+            admin.create_queue(f"made-by-{user}")
+        with pytest.raises(ServiceBusAuthorizationError, match="Manage right on namespace .shop."):
+            admin.delete_queue("orders")
+        admin.close()
+    manager = admin_as(secured, "manager")
+    assert {"orders", "payments"} <= {q.name for q in manager.list_queues()}
+    manager.close()
+
+
+def test_a_principal_of_another_namespace_sees_nothing(secured: KafkaCluster) -> None:
+    admin = admin_as(secured, "banker")
+    with pytest.raises(ServiceBusAuthorizationError, match="shop"):
+        admin.list_queues()
+    admin.close()
+    with as_user(secured, "banker") as client, pytest.raises(ServiceBusAuthorizationError):
+        client.get_queue_receiver("orders").receive_messages(1, max_wait_time=5)
