@@ -141,7 +141,8 @@ def _apply(message: _Message, row: Any) -> None:
 def _states(spark: SparkSession, settings: ConnectionSettings,
             entities: list[str]) -> pd.DataFrame:
     """The newest state record of each window of ``entities``."""
-    raw = read_kafka(spark, settings.bootstrap_servers, [names.state(settings.namespace)])
+    raw = read_kafka(spark, settings.bootstrap_servers, [names.state(settings.namespace)],
+                     security=settings.security)
     states = parse_states(raw)
     latest = (states.where(F.col("entity").isin(entities))
               .groupBy("entity", "partition")

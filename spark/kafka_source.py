@@ -82,7 +82,10 @@ class _KafkaReading:
         self._topics = [t.strip() for t in options["subscribe"].split(",") if t.strip()]
 
     def _consumer(self) -> Consumer:
+        security = {key[len("kafka."):]: value for key, value in self._options.items()
+                    if key.startswith("kafka.") and key != "kafka.bootstrap.servers"}
         return Consumer({
+            **security,
             "bootstrap.servers": self._bootstrap, "group.id": f"spark-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "fetch.wait.max.ms": int(self._options.get("fetchmaxwaitms", "100")),

@@ -125,7 +125,8 @@ def start_monitor(spark: SparkSession, connection_string: str, sink: str | Path,
     settings = parse_connection_string(connection_string)
     topics = [names.events(settings.namespace), names.state(settings.namespace)]
     records = read_kafka_stream(spark, settings.bootstrap_servers, topics,
-                                max_offsets_per_trigger=max_records_per_trigger)
+                                max_offsets_per_trigger=max_records_per_trigger,
+                                security=settings.security)
     metrics = aggregate(metric_facts(records, settings, watermark), window)
     # Strings, not Paths: the sink may be a URI (s3a://...) on a cluster.
     checkpoint = str(checkpoint or f"{str(sink).rstrip('/')}/_checkpoint")

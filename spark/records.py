@@ -52,7 +52,8 @@ def read_events(spark: SparkSession, settings: ConnectionSettings,
 
     A command processed again after a crash publishes the same events again,
     under the same command id."""
-    raw = read_kafka(spark, settings.bootstrap_servers, [names.events(settings.namespace)])
+    raw = read_kafka(spark, settings.bootstrap_servers, [names.events(settings.namespace)],
+                     security=settings.security)
     events = (parse_events(raw)
               .where(F.col("entity").isin(entities) & (F.size("offsets") > 0))
               .withColumn("cmd", F.coalesce("cmd", F.concat(F.lit("@"), "record_offset"))))
@@ -63,6 +64,7 @@ def read_entity_logs(spark: SparkSession, settings: ConnectionSettings,
                      entities: list[str]) -> DataFrame:
     """The raw message logs of ``entities`` (batch), with an ``entity`` column."""
     topics = {names.entity_log(settings.namespace, e): e for e in entities}
-    raw = read_kafka(spark, settings.bootstrap_servers, list(topics))
+    raw = read_kafka(spark, settings.bootstrap_servers, list(topics),
+                     security=settings.security)
     mapping = F.create_map(*[F.lit(x) for pair in topics.items() for x in pair])
     return raw.withColumn("entity", mapping[F.col("topic")])

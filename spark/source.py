@@ -37,14 +37,42 @@ def kafka_connector_available(spark: SparkSession) -> bool:
         return False
 
 
-def _profile(bootstrap_servers: str) -> broker_profile.BrokerProfile:
-    return broker_profile.detect({"bootstrap.servers": bootstrap_servers, "log_level": 0})
+_LOGIN_MODULES = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+                  "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+                  "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule"}
 
 
-def kafka_format(spark: SparkSession, bootstrap_servers: str) -> str:
+def _profile(bootstrap_servers: str, security: dict[str, str] | None
+             ) -> broker_profile.BrokerProfile:
+    return broker_profile.detect({"bootstrap.servers": bootstrap_servers, **(security or {}),
+                                  "log_level": 0})
+
+
+def _security_options(fmt: str, security: dict[str, str] | None) -> dict[str, str]:
+    """A connection string's security settings (librdkafka names) as options
+    of the format: the Java client's names for Spark's connector."""
+    if not security:
+        return {}
+    if fmt != "kafka":
+        return {f"kafka.{key}": value for key, value in security.items()}
+    mechanism = security.get("sasl.mechanism", "PLAIN")
+    options = {"kafka.security.protocol": security.get("security.protocol", "PLAINTEXT"),
+               "kafka.sasl.mechanism": mechanism}
+    if "sasl.username" in security:
+        options["kafka.sasl.jaas.config"] = (
+            f'{_LOGIN_MODULES[mechanism]} required username="{security["sasl.username"]}" '
+            f'password="{security["sasl.password"]}";')
+    if "ssl.ca.location" in security:
+        options["kafka.ssl.truststore.type"] = "PEM"
+        options["kafka.ssl.truststore.location"] = security["ssl.ca.location"]
+    return options
+
+
+def kafka_format(spark: SparkSession, bootstrap_servers: str,
+                 security: dict[str, str] | None = None) -> str:
     """``kafka`` (Spark's connector) where the broker's ListOffsets is exact
     and the connector is on the classpath, else the Python source."""
-    if not _profile(bootstrap_servers).exact_list_offsets:
+    if not _profile(bootstrap_servers, security).exact_list_offsets:
         return PYTHON_FORMAT
     if kafka_connector_available(spark):
         return "kafka"
@@ -64,19 +92,24 @@ def _load(reader: DataFrameReader | DataStreamReader, fmt: str,
 
 def read_kafka_stream(spark: SparkSession, bootstrap_servers: str, topics: list[str], *,
                       starting_offsets: str = "earliest",
-                      max_offsets_per_trigger: int | None = None) -> DataFrame:
-    """A streaming DataFrame of the records of ``topics``."""
-    fmt = kafka_format(spark, bootstrap_servers)
+                      max_offsets_per_trigger: int | None = None,
+                      security: dict[str, str] | None = None) -> DataFrame:
+    """A streaming DataFrame of the records of ``topics``; ``security`` is a
+    connection string's (``ConnectionSettings.security``)."""
+    fmt = kafka_format(spark, bootstrap_servers, security)
     options = {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": ",".join(topics),
-               "startingOffsets": starting_offsets}
+               "startingOffsets": starting_offsets, **_security_options(fmt, security)}
     if max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
     if fmt == PYTHON_FORMAT:
-        options["fetchMaxWaitMs"] = str(_profile(bootstrap_servers).fetch_max_wait_ms)
+        options["fetchMaxWaitMs"] = str(_profile(bootstrap_servers, security).fetch_max_wait_ms)
     return _load(spark.readStream, fmt, options)
 
 
-def read_kafka(spark: SparkSession, bootstrap_servers: str, topics: list[str]) -> DataFrame:
+def read_kafka(spark: SparkSession, bootstrap_servers: str, topics: list[str], *,
+               security: dict[str, str] | None = None) -> DataFrame:
     """A batch DataFrame of every record of ``topics`` up to their log ends."""
-    options = {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": ",".join(topics)}
-    return _load(spark.read, kafka_format(spark, bootstrap_servers), options)
+    fmt = kafka_format(spark, bootstrap_servers, security)
+    options = {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": ",".join(topics),
+               **_security_options(fmt, security)}
+    return _load(spark.read, fmt, options)

@@ -239,3 +239,54 @@ def test_dockerfile_installs_java_17_and_the_package() -> None:
     assert install and "openjdk-17-jre-headless" in install.group(0)
     assert re.search(r"pip install[^\n]*\s\.(\s|$)", text)
     assert _dockerfile_entrypoint() == ["settlement"]
+
+
+SECURED = ROOT / "docker-compose.secured.yml"
+
+
+def _merged(base: Any, override: Any) -> Any:
+    """What ``docker compose -f base -f override`` runs: mappings merge, the
+    rest (commands, lists) is replaced."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        return {k: _merged(base[k], v) if k in base else v for k, v in override.items()} | {
+            k: v for k, v in base.items() if k not in override}
+    return override
+
+
+@pytest.fixture(scope="module")
+def secured_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    merged = _merged(compose, yaml.safe_load(SECURED.read_text()))
+    services: dict[str, dict[str, Any]] = merged["services"]
+    return services
+
+
+def _jaas_users(jaas: str) -> dict[str, str]:
+    return dict(re.findall(r'user_([A-Za-z0-9_-]+)="([^"]*)"', jaas))
+
+
+def test_secured_profile_authenticates_and_authorizes(
+        secured_services: dict[str, dict[str, Any]]) -> None:
+    _, kafka = _kafka(secured_services)
+    assert kafka["image"] == f"apache/kafka:{KAFKA_VERSION}"
+    env = _env(kafka)
+    assert env["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer")
+    assert set(_listeners(env["KAFKA_ADVERTISED_LISTENERS"])) == {"SASL_PLAINTEXT"}
+    assert "User:admin" in env["KAFKA_SUPER_USERS"].split(";")
+    users = _jaas_users(env["KAFKA_LISTENER_NAME_SASL_PLAINTEXT_PLAIN_SASL_JAAS_CONFIG"])
+    assert {"admin", "engine"} <= set(users)
+    for name, svc in secured_services.items():  # every service that talks to Kafka
+        if _option(_argv(svc), "--connection-string") is None and name != "acls":
+            continue
+        conn = _connection_string_fields(_env(svc)["SETTLEMENT_CONNECTION_STRING"])
+        user = conn.get("SharedAccessKeyName")
+        assert user in users and conn["SharedAccessKey"] == users[user], name
+    for name in _workers(secured_services):
+        worker = secured_services[name]
+        conn = _connection_string_fields(_option(_argv(worker), "--connection-string") or "")
+        assert conn["SharedAccessKeyName"] == "engine", name
+        assert worker["depends_on"]["acls"]["condition"] == "service_completed_successfully"
+    acls = " ".join(_as_argv(secured_services["acls"]["command"]))
+    assert "settlement acl User:engine --engine --apply" in acls
+    acls_env = _env(secured_services["acls"])
+    assert _connection_string_fields(acls_env["SETTLEMENT_CONNECTION_STRING"])[
+        "SharedAccessKeyName"] == "admin"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -113,3 +114,16 @@ def test_a_principal_of_another_namespace_sees_nothing(secured: KafkaCluster) ->
     admin.close()
     with as_user(secured, "banker") as client, pytest.raises(ServiceBusAuthorizationError):
         client.get_queue_receiver("orders").receive_messages(1, max_wait_time=5)
+
+
+def test_the_spark_audit_reads_a_secured_cluster_as_the_engine(secured: KafkaCluster,
+                                                                spark: Any) -> None:
+    from spark.audit import run_audit
+
+    with as_user(secured, "manager") as client:
+        client.get_queue_sender("payments").send_messages(ServiceBusMessage("p"))
+        receiver = client.get_queue_receiver("payments")
+        [message] = receiver.receive_messages(1, max_wait_time=10)
+        receiver.complete_message(message)
+    report = run_audit(spark, secured.connection_string(NS, "engine"), ["payments"])
+    assert report.ok and report.messages == 1, report.summary()
