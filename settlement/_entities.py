@@ -1,15 +1,26 @@
 """Entity definitions: read and written on the namespace's compacted
-``NS.__entities`` topic, keyed by entity name (a tombstone deletes)."""
+``NS.__entities`` topic, keyed by entity name (a tombstone deletes).
+
+Keys: a queue's or a topic's name, ``TOPIC/subscriptions/SUB`` for a
+subscription, ``TOPIC/subscriptions/SUB/rules/RULE`` for a rule."""
 
 from __future__ import annotations
 
 import logging
 import time
 import uuid
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from settlement._properties import QueueProperties
+from settlement._rules import RuleProperties
+from settlement._topic_properties import (
+    Definition,
+    SubscriptionProperties,
+    TopicProperties,
+    load_definition,
+)
 from settlement.exceptions import (
     MessagingEntityNotFoundError,
     ServiceBusConnectionError,
@@ -21,6 +32,8 @@ from topics.offsets import log_end_offsets, take
 
 log = logging.getLogger(__name__)
 _CACHE_SECONDS = 2.0
+_KIND = {QueueProperties: "queue", TopicProperties: "topic",
+         SubscriptionProperties: "subscription", RuleProperties: "rule"}
 
 
 class EntityRegistry:
@@ -29,19 +42,51 @@ class EntityRegistry:
     def __init__(self, settings: ConnectionSettings) -> None:
         self._settings = settings
         self._topic = names.entities(settings.namespace)
-        self._cache: dict[str, QueueProperties] = {}
+        self._cache: dict[str, Definition] = {}
         self._loaded_at = 0.0
 
-    def load(self) -> dict[str, QueueProperties]:
-        """Every definition; none in a namespace that was never provisioned."""
+    def load_all(self) -> dict[str, Definition]:
+        """Every definition by key; none in a namespace never provisioned."""
         consumer = Consumer(self._settings.consumer_config(f"entities-{uuid.uuid4().hex[:12]}"))
         try:
             end = self._log_end(consumer)
-            queues = self._read(consumer, end) if end else {}
+            found = self._read(consumer, end) if end else {}
         finally:
             consumer.close()
-        self._cache, self._loaded_at = queues, time.monotonic()
-        return dict(queues)
+        self._cache, self._loaded_at = found, time.monotonic()
+        return dict(found)
+
+    def load(self) -> dict[str, QueueProperties]:
+        """Every queue's definition."""
+        return {k: v for k, v in self.load_all().items() if isinstance(v, QueueProperties)}
+
+    def topics(self) -> dict[str, TopicProperties]:
+        return {k: v for k, v in self.load_all().items() if isinstance(v, TopicProperties)}
+
+    def subscriptions_of(self, topic: str, *, fresh: bool = True
+                         ) -> list[SubscriptionProperties]:
+        """The subscriptions of ``topic``, by name."""
+        if fresh or self._stale():
+            self.load_all()
+        prefix = topic + names.SUBSCRIPTIONS
+        return sorted((v for k, v in self._cache.items() if k.startswith(prefix)
+                       and isinstance(v, SubscriptionProperties)), key=lambda s: s.name)
+
+    def rules_of(self, topic: str, subscription: str, *, fresh: bool = True
+                 ) -> list[RuleProperties]:
+        """The rules of a subscription, by name."""
+        if fresh or self._stale():
+            self.load_all()
+        prefix = names.subscription_path(topic, subscription) + names.RULES
+        return sorted((v for k, v in self._cache.items() if k.startswith(prefix)
+                       and isinstance(v, RuleProperties)), key=lambda r: r.name)
+
+    def exists(self, name: str) -> bool:
+        """Whether a queue or a topic has this name (they share the namespace)."""
+        return name in self.load_all()
+
+    def _stale(self) -> bool:
+        return time.monotonic() - self._loaded_at > _CACHE_SECONDS
 
     def _log_end(self, consumer: Consumer) -> int:
         try:
@@ -62,8 +107,8 @@ class EntityRegistry:
                 f"{self._settings.bootstrap_servers}: {reason}; check the Endpoint of the "
                 "connection string and that Kafka is running") from None
 
-    def _read(self, consumer: Consumer, end: int) -> dict[str, QueueProperties]:
-        queues: dict[str, QueueProperties] = {}
+    def _read(self, consumer: Consumer, end: int) -> dict[str, Definition]:
+        queues: dict[str, Definition] = {}
         consumer.assign([TopicPartition(self._topic, 0, 0)])
         position = 0
         deadline = time.monotonic() + 30
@@ -80,24 +125,51 @@ class EntityRegistry:
                     queues.pop(name, None)
                     continue
                 try:
-                    queues[name] = QueueProperties.from_json(record.value())
+                    queues[name] = load_definition(record.value())
                 except (ValueError, KeyError, TypeError) as exc:
                     log.warning("ignoring unreadable definition of %r: %s", name, exc)
         return queues
 
     def get(self, name: str, *, fresh: bool = False) -> QueueProperties:
-        if fresh or name not in self._cache or time.monotonic() - self._loaded_at > _CACHE_SECONDS:
-            self.load()
-        try:
-            return self._cache[name]
-        except KeyError:
-            raise MessagingEntityNotFoundError(
-                f"queue {name!r} does not exist in namespace {self._settings.namespace!r}: "
-                "create it with ServiceBusAdministrationClient.create_queue or "
-                f"'settlement queue create {name}'"
-            ) from None
+        """A queue's definition."""
+        return self._get(name, QueueProperties, "queue", "create_queue",
+                         f"queue create {name}", fresh)
 
-    def put(self, props: QueueProperties | None, name: str) -> int:
+    def get_topic(self, name: str, *, fresh: bool = False) -> TopicProperties:
+        return self._get(name, TopicProperties, "topic", "create_topic",
+                         f"topic create {name}", fresh)
+
+    def get_subscription(self, topic: str, subscription: str, *, fresh: bool = False
+                         ) -> SubscriptionProperties:
+        return self._get(names.subscription_path(topic, subscription), SubscriptionProperties,
+                         "subscription", "create_subscription",
+                         f"subscription create {topic} {subscription}", fresh)
+
+    def get_rule(self, topic: str, subscription: str, rule: str, *, fresh: bool = False
+                 ) -> RuleProperties:
+        return self._get(names.rule_key(topic, subscription, rule), RuleProperties, "rule",
+                         "create_rule", f"rule create {topic} {subscription} {rule}", fresh)
+
+    def get_receivable(self, path: str, *, fresh: bool = False
+                       ) -> QueueProperties | SubscriptionProperties:
+        """A queue, or a subscription given as ``TOPIC/subscriptions/SUB``."""
+        if names.SUBSCRIPTIONS in path:
+            return self.get_subscription(*names.split_subscription_path(path), fresh=fresh)
+        return self.get(path, fresh=fresh)
+
+    def _get(self, key: str, kind: type, what: str, create: str, cli: str, fresh: bool
+             ) -> Any:
+        if fresh or key not in self._cache or self._stale():
+            self.load_all()
+        found = self._cache.get(key)
+        if isinstance(found, kind):
+            return found
+        other = "" if found is None else f" (it names a {_KIND[type(found)]})"
+        raise MessagingEntityNotFoundError(
+            f"{what} {key!r} does not exist in namespace {self._settings.namespace!r}{other}: "
+            f"create it with ServiceBusAdministrationClient.{create} or 'settlement {cli}'")
+
+    def put(self, props: Definition | None, name: str) -> int:
         """Write (or with None, delete) a definition; returns its offset, which
         is the version of the queue's policy."""
         producer = Producer({**self._settings.kafka_config(), "acks": "all",

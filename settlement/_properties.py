@@ -1,7 +1,9 @@
-"""Queue properties and runtime properties, as ``azure.servicebus.management``."""
+"""Queue properties and runtime properties, as ``azure.servicebus.management``,
+and the JSON form every entity definition takes on the entities topic."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from dataclasses import asdict, dataclass, field
@@ -34,6 +36,7 @@ class QueueProperties:
     enable_partitioning: bool = False
     partition_count: int = 1
     created_at_utc: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+    updated_at_utc: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
 
     def policy(self) -> Policy:
         """What the engine needs to know of this queue, sent with each command."""
@@ -50,24 +53,47 @@ class QueueProperties:
     def expires_messages(self) -> bool:
         return self.default_message_time_to_live < DEFAULT_TTL
 
+    @property
+    def path(self) -> str:
+        """The entity its receivers and the engine's windows name."""
+        return self.name
+
     def to_json(self) -> bytes:
-        body: dict[str, Any] = asdict(self)
-        for key, value in body.items():
-            if isinstance(value, dt.timedelta):
-                body[key] = value.total_seconds()
-            elif isinstance(value, dt.datetime):
-                body[key] = value.isoformat()
-        return json.dumps(body).encode()
+        return definition_json("queue", self)
 
     @classmethod
     def from_json(cls, raw: bytes) -> QueueProperties:
-        body = json.loads(raw)
-        for key in ("lock_duration", "default_message_time_to_live",
-                    "duplicate_detection_history_time_window"):
-            body[key] = dt.timedelta(seconds=body[key])
-        body["created_at_utc"] = dt.datetime.fromisoformat(body["created_at_utc"])
-        known = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in body.items() if k in known})
+        return from_definition(cls, json.loads(raw))
+
+
+def definition_json(kind: str, definition: Any) -> bytes:
+    """A definition dataclass as stored: durations in seconds, times in ISO
+    8601, and its ``kind`` (queue, topic, subscription or rule)."""
+    body: dict[str, Any] = {"kind": kind}
+    for key, value in asdict(definition).items():
+        if isinstance(value, dt.timedelta):
+            value = value.total_seconds()
+        elif isinstance(value, dt.datetime):
+            value = value.isoformat()
+        body[key] = value
+    return json.dumps(body).encode()
+
+
+def from_definition(cls: Any, body: dict[str, Any]) -> Any:
+    """The dataclass ``cls`` from its stored form; fields it does not know
+    (written by a newer version) are left out."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in body.items():
+        if key not in fields:
+            continue
+        kind = str(fields[key].type)
+        if "timedelta" in kind and isinstance(value, int | float):
+            value = dt.timedelta(seconds=value)
+        elif "datetime" in kind and isinstance(value, str):
+            value = dt.datetime.fromisoformat(value)
+        values[key] = value
+    return cls(**values)
 
 
 @dataclass

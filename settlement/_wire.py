@@ -2,7 +2,8 @@
 writes message records. See ``docs/wire-format.md`` for producers that are
 not this library.
 
-A message is one Kafka record on topic ``NS.queue.ENTITY``:
+A message is one Kafka record on its queue's log ``NS.queue.QUEUE`` or its
+topic's log ``NS.topic.TOPIC`` (the same format for both):
 
 * value: the body, raw bytes;
 * key: ``partition_key``, else ``session_id``, else ``message_id`` (UTF-8), else none;
@@ -168,6 +169,49 @@ def _decode_header(name: str, raw: bytes | None) -> dict[str, Any]:
     if name == "time-to-live-ms":
         return {"time_to_live": dt.timedelta(milliseconds=int(text))}
     return {"scheduled_enqueue_time_utc": utc_from_ms(int(text))}
+
+
+#: header -> the system property a rule filter names it by (``sys.<name>``)
+_SYSTEM_NAMES = {"message-id": "messageid", "correlation-id": "correlationid",
+                 "content-type": "contenttype", "subject": "label", "reply-to": "replyto",
+                 "reply-to-session-id": "replytosessionid", "to": "to",
+                 "session-id": "sessionid", "partition-key": "partitionkey"}
+
+
+def filter_properties(value: bytes | None, headers: list[tuple[str, bytes | None]] | None,
+                      timestamp_ms: int | None, partition: int, offset: int
+                      ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(system, user)`` properties of a record as subscription rules see
+    them: system properties by their lower-case SQL names (``label`` is the
+    subject), application properties as sent. Raise MalformedRecord for a
+    record that breaks the format (the receiver dead-letters it)."""
+    system: dict[str, Any] = {"sequencenumber": sequence_number(partition, offset),
+                              "enqueuedtimeutc": timestamp_ms,
+                              "size": len(value or b"")}
+    user: dict[str, Any] = {}
+    for name, raw in headers or []:
+        if name in _SYSTEM_NAMES:
+            system[_SYSTEM_NAMES[name]] = _decode_header(name, raw)[name.replace("-", "_")]
+        elif name == "application-properties":
+            user = _decode_header(name, raw)["application_properties"]
+        elif name == "time-to-live-ms":
+            system["timetolive"] = int(_decode_header(name, raw)["time_to_live"]
+                                       .total_seconds() * 1000)
+        elif name == "scheduled-enqueue-time-ms":
+            system["scheduledenqueuetimeutc"] = epoch_ms(
+                _decode_header(name, raw)["scheduled_enqueue_time_utc"])
+    system["subject"] = system.get("label")
+    return system, user
+
+
+def with_properties(headers: list[tuple[str, bytes | None]], properties: dict[str, Any]
+                    ) -> list[tuple[str, bytes | None]]:
+    """``headers`` with their application properties replaced (a rule action's)."""
+    rest = [(k, v) for k, v in headers if k != "application-properties"]
+    if properties:
+        rest.append(("application-properties",
+                     json.dumps(properties, separators=(",", ":")).encode()))
+    return rest
 
 
 STATES = {"active": ServiceBusMessageState.ACTIVE, "deadletter": ServiceBusMessageState.ACTIVE,

@@ -6,15 +6,20 @@ from typing import Any
 
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
+from settlement._properties import QueueProperties
 from settlement._settle_batcher import SettleBatcher
+from settlement._subscription_rules import SubscriptionRules
+from settlement._topic_properties import SubscriptionProperties
 from settlement.receiver import ServiceBusReceiveMode, ServiceBusReceiver, ServiceBusSubQueue
 from settlement.sender import ServiceBusSender
+from topics import names
 from topics.connection import ConnectionSettings, parse_connection_string
 from topics.names import parse_entity_path
 
 
 class ServiceBusClient:
-    """Creates senders and receivers for the queues of one namespace.
+    """Creates senders and receivers for the queues, topics and
+    subscriptions of one namespace.
 
     ``ServiceBusClient.from_connection_string("Endpoint=kafka://HOST:PORT;Namespace=NAME")``
     """
@@ -38,22 +43,58 @@ class ServiceBusClient:
         self._handlers.append(sender)
         return sender
 
+    def get_topic_sender(self, topic_name: str, *, max_in_flight: int = 10_000,
+                         **_: Any) -> ServiceBusSender:
+        """A sender to ``topic_name``: each message is stored once, in the
+        topic's log, and delivered to every subscription whose rules match."""
+        sender = ServiceBusSender(self.settings, self._registry, topic_name, self._engine,
+                                  max_in_flight=max_in_flight, topic=True)
+        self._handlers.append(sender)
+        return sender
+
     def get_queue_receiver(self, queue_name: str, *,
                            sub_queue: ServiceBusSubQueue | str | None = None,
                            receive_mode: ServiceBusReceiveMode | str =
                            ServiceBusReceiveMode.PEEK_LOCK,
                            max_wait_time: float | None = None, prefetch_count: int = 0,
                            **_: Any) -> ServiceBusReceiver:
-        """A receiver of ``queue_name`` (or ``queue/$deadletterqueue``)."""
+        """A receiver of ``queue_name`` (or ``queue/$deadletterqueue``; a
+        subscription path ``topic/subscriptions/sub`` works too)."""
         name, is_dead_letter = parse_entity_path(queue_name)
-        if is_dead_letter:
-            sub_queue = ServiceBusSubQueue.DEAD_LETTER
+        if names.SUBSCRIPTIONS in name:
+            topic, subscription = names.split_subscription_path(name)
+            return self.get_subscription_receiver(
+                topic, subscription, receive_mode=receive_mode, max_wait_time=max_wait_time,
+                prefetch_count=prefetch_count,
+                sub_queue=ServiceBusSubQueue.DEAD_LETTER if is_dead_letter else sub_queue)
         props = self._registry.get(name, fresh=True)
+        return self._receiver(props, None, sub_queue=ServiceBusSubQueue.DEAD_LETTER
+                              if is_dead_letter else sub_queue, receive_mode=receive_mode,
+                              max_wait_time=max_wait_time, prefetch_count=prefetch_count)
+
+    def get_subscription_receiver(self, topic_name: str, subscription_name: str, *,
+                                  sub_queue: ServiceBusSubQueue | str | None = None,
+                                  receive_mode: ServiceBusReceiveMode | str =
+                                  ServiceBusReceiveMode.PEEK_LOCK,
+                                  max_wait_time: float | None = None, prefetch_count: int = 0,
+                                  **_: Any) -> ServiceBusReceiver:
+        """A receiver of one subscription of ``topic_name`` (or of its
+        dead-letter sub-queue), with every feature of a queue receiver."""
+        props = self._registry.get_subscription(topic_name, subscription_name, fresh=True)
+        rules = SubscriptionRules(self._registry, topic_name, subscription_name)
+        return self._receiver(props, rules, sub_queue=sub_queue, receive_mode=receive_mode,
+                              max_wait_time=max_wait_time, prefetch_count=prefetch_count)
+
+    def _receiver(self, props: QueueProperties | SubscriptionProperties,
+                  rules: SubscriptionRules | None, *,
+                  sub_queue: ServiceBusSubQueue | str | None,
+                  receive_mode: ServiceBusReceiveMode | str, max_wait_time: float | None,
+                  prefetch_count: int) -> ServiceBusReceiver:
         receiver = ServiceBusReceiver(
             self.settings, self._engine(), self._settle_batcher(), props,
             sub_queue=ServiceBusSubQueue(sub_queue) if sub_queue else None,
             receive_mode=ServiceBusReceiveMode(receive_mode), max_wait_time=max_wait_time,
-            prefetch_count=prefetch_count)
+            prefetch_count=prefetch_count, rules=rules)
         self._handlers.append(receiver)
         return receiver
 

@@ -1,4 +1,5 @@
-"""Receiving and settling: peek-lock and receive-and-delete.
+"""Receiving and settling: peek-lock and receive-and-delete, from a queue
+or a subscription (``TOPIC/subscriptions/SUB``, a window over its topic's log).
 
 A receive asks the engine to lock a batch of offsets of one entity partition
 (redeliveries first, then fresh offsets up to the log end this receiver has
@@ -24,6 +25,8 @@ from settlement._log_reader import PartitionReader
 from settlement._properties import QueueProperties
 from settlement._sequence import split_sequence_number
 from settlement._settle_batcher import SettleBatcher
+from settlement._subscription_rules import SubscriptionRules
+from settlement._topic_properties import SubscriptionProperties
 from settlement.exceptions import (
     InvalidOperationError,
     MessageAlreadySettled,
@@ -74,10 +77,13 @@ class ServiceBusReceiver:
     """Receives from a queue or its dead-letter sub-queue."""
 
     def __init__(self, settings: ConnectionSettings, link: EngineLink, batcher: SettleBatcher,
-                 props: QueueProperties, *, sub_queue: ServiceBusSubQueue | None = None,
+                 props: QueueProperties | SubscriptionProperties, *,
+                 sub_queue: ServiceBusSubQueue | None = None,
                  receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
-                 max_wait_time: float | None = None, prefetch_count: int = 0) -> None:
-        self.entity_path = props.name + {
+                 max_wait_time: float | None = None, prefetch_count: int = 0,
+                 rules: SubscriptionRules | None = None) -> None:
+        self._entity = props.path
+        self.entity_path = props.path + {
             None: "", ServiceBusSubQueue.DEAD_LETTER: names.DEAD_LETTER_SUFFIX,
             ServiceBusSubQueue.TRANSFER_DEAD_LETTER: names.TRANSFER_DEAD_LETTER_SUFFIX,
         }[sub_queue]
@@ -89,7 +95,8 @@ class ServiceBusReceiver:
         self._sub = "active" if sub_queue is None else sub_queue.value
         self._max_wait_time = max_wait_time
         self._prefetch = max(prefetch_count, 1)
-        self._topic = names.entity_log(settings.namespace, props.name)
+        self._rules = rules
+        self._topic = names.entity_log(settings.namespace, props.path)
         self._readers: dict[int, PartitionReader] = {}
         self._turn = itertools.cycle(range(props.partition_count))
         self._peek_from = (0, 0)
@@ -122,7 +129,7 @@ class ServiceBusReceiver:
             partition = next(self._turn)
             reader = self._reader(partition)
             hw = reader.high_watermark() if self._sub == "active" else 0
-            cmd = self._link.command("acquire", self._props.name, partition,
+            cmd = self._link.command("acquire", self._entity, partition,
                                      sub=self._sub, mode=self.receive_mode.value,
                                      max=want - len(got), hw=hw)
             reply = self._link.call(cmd)
@@ -164,6 +171,8 @@ class ServiceBusReceiver:
                 withheld.append([offset, token, "dead_letter", exc.reason, str(exc)])
                 continue
             self._apply_queue_ttl(message)
+            if self._rules is not None:
+                self._rules.apply_actions(message, record)
             if not peeked and self._sub == "active":
                 held = _withhold(message, token, now)
                 if held is not None:
@@ -174,7 +183,7 @@ class ServiceBusReceiver:
             out.append(message)
         if withheld and not peeked and self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK:
             _raise_for(self._link.call(self._link.command(
-                "settle", self._props.name, partition, items=withheld)),
+                "settle", self._entity, partition, items=withheld)),
                 self.entity_path)
         return out
 
@@ -228,7 +237,7 @@ class ServiceBusReceiver:
         while partition < self._props.partition_count and len(out) < max_message_count:
             hw = self._reader(partition).high_watermark()
             reply = self._link.call(self._link.command(
-                "peek", self._props.name, partition, sub=self._sub,
+                "peek", self._entity, partition, sub=self._sub,
                 **{"from": offset}, max=max_message_count - len(out), hw=hw))
             _raise_for(reply, self.entity_path)
             entries = reply.result["messages"]
@@ -251,13 +260,12 @@ class ServiceBusReceiver:
         for seq in seqs:
             partition, offset = split_sequence_number(seq)
             if partition >= self._props.partition_count:
-                raise ValueError(f"sequence number {seq} is not one of queue "
-                                 f"{self._props.name!r}")
+                raise ValueError(f"sequence number {seq} is not one of {self._entity!r}")
             by_partition.setdefault(partition, []).append(offset)
         out = []
         for partition, offsets in sorted(by_partition.items()):
             reply = self._link.call(self._link.command(
-                "acquire_deferred", self._props.name, partition, offsets=offsets))
+                "acquire_deferred", self._entity, partition, offsets=offsets))
             _raise_for(reply, self.entity_path)
             out += self._materialize(partition, reply.result["grants"])
         return out
@@ -277,7 +285,7 @@ class ServiceBusReceiver:
         if self._sub != "active":
             raise InvalidOperationError(
                 f"message {message.sequence_number} is in the dead-letter sub-queue of "
-                f"{self._props.name!r} and cannot be dead-lettered again: complete it instead")
+                f"{self._entity!r} and cannot be dead-lettered again: complete it instead")
         self._settle_one(message, "dead_letter", reason, error_description)
 
     def renew_message_lock(self, message: ServiceBusReceivedMessage, **_: Any) -> dt.datetime:
@@ -323,7 +331,7 @@ class ServiceBusReceiver:
             for first in range(0, len(messages_of_partition), per_command):
                 group = messages_of_partition[first:first + per_command]
                 reply = self._batcher.settle(
-                    self._props.name, partition,
+                    self._entity, partition,
                     [[m.offset, m.lock_token, action, reason, description, None, _enqueued_ms(m)]
                      for m in group])
                 _raise_for(reply, self.entity_path)

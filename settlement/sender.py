@@ -32,7 +32,7 @@ _RETRYABLE = {KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT,
 
 
 class ServiceBusSender:
-    """Sends to one queue with ``acks=all`` and an idempotent producer.
+    """Sends to one queue or topic with ``acks=all`` and an idempotent producer.
 
     Sends are pipelined but bounded: at most ``max_in_flight`` records are
     unacknowledged at once (callers block for a slot), never fire-and-forget.
@@ -40,12 +40,15 @@ class ServiceBusSender:
     """
 
     def __init__(self, settings: ConnectionSettings, registry: EntityRegistry,
-                 queue_name: str, engine: Callable[[], EngineLink], *,
-                 max_in_flight: int = 10_000) -> None:
-        self.entity_name = queue_name
+                 entity_name: str, engine: Callable[[], EngineLink], *,
+                 max_in_flight: int = 10_000, topic: bool = False) -> None:
+        self.entity_name = entity_name
         self._registry = registry
         self._engine = engine  # only scheduling talks to the engine
-        self._topic = names.entity_log(settings.namespace, queue_name)
+        self._is_topic = topic
+        self._kind = "topic" if topic else "queue"
+        self._topic = (names.topic_log if topic else names.entity_log)(settings.namespace,
+                                                                       entity_name)
         self._producer = Producer({
             **settings.kafka_config(), "acks": "all", "enable.idempotence": True,
             "linger.ms": 2, "partitioner": "murmur2_random", "compression.type": "none",
@@ -60,7 +63,8 @@ class ServiceBusSender:
 
     def _check_entity(self) -> int:
         if self._max_bytes is None:
-            props = self._registry.get(self.entity_name)
+            props = (self._registry.get_topic if self._is_topic else self._registry.get)(
+                self.entity_name)
             self._max_bytes = props.max_message_size_in_kilobytes * 1024
         return self._max_bytes
 
@@ -104,18 +108,32 @@ class ServiceBusSender:
             partition, offset = split_sequence_number(seq)
             by_partition.setdefault(partition, []).append(offset)
         link = self._engine()
-        replies = link.call_many([link.command("cancel", self.entity_name, p, offsets=offsets)
-                                  for p, offsets in sorted(by_partition.items())])
-        missing = [sequence_number(p, o)
-                   for (p, offsets), reply in zip(sorted(by_partition.items()), replies,
-                                                  strict=True)
-                   for o, (status, _) in zip(offsets, reply.result.get("results", []),
-                                             strict=False) if status != "ok"]
-        if missing or not all(r.ok for r in replies):
+        asked = [(entity, p, offsets) for entity in self._windows(scheduling=False)
+                 for p, offsets in sorted(by_partition.items())]
+        replies = link.call_many([link.command("cancel", entity, p, offsets=offsets)
+                                  for entity, p, offsets in asked])
+        cancelled = {sequence_number(p, o)
+                     for (_, p, offsets), reply in zip(asked, replies, strict=True)
+                     for o, (status, _) in zip(offsets, reply.result.get("results", []),
+                                               strict=False) if status == "ok"}
+        missing = [seq for seq in seqs if seq not in cancelled]
+        if missing or not asked:
             raise MessageNotFoundError(
-                f"no scheduled message to cancel with sequence number(s) {missing} in queue "
-                f"{self.entity_name!r}: they were never scheduled, are due already, or were "
-                "cancelled before")
+                f"no scheduled message to cancel with sequence number(s) {missing or seqs} in "
+                f"{self._kind} {self.entity_name!r}: they were never scheduled, are due "
+                "already, or were cancelled before")
+
+    def _windows(self, *, scheduling: bool) -> list[str]:
+        """The entities whose engine windows hear of scheduled messages: the
+        queue, or the topic's subscriptions (for ``scheduling``, those that
+        do not read the headers themselves: the others' scanners find the
+        due times in the log)."""
+        if not self._is_topic:
+            return [self.entity_name]
+        topic = self._registry.get_topic(self.entity_name)
+        subs = self._registry.subscriptions_of(self.entity_name, fresh=False)
+        return [sub.path for sub in subs if not scheduling or not sub.policy(
+            topic, self._registry.rules_of(self.entity_name, sub.name, fresh=False)).scanned]
 
     def _send(self, messages: list[ServiceBusMessage]) -> list[tuple[int, int]]:
         """Produce and wait for every acknowledgement; ``(partition, offset)`` of each."""
@@ -131,7 +149,7 @@ class ServiceBusSender:
             size = len(key or b"") + len(value) + sum(len(k) + len(v) for k, v in headers)
             if size > limit:
                 raise MessageSizeExceededError(
-                    f"message {m.message_id or ''} is {size} bytes; queue "
+                    f"message {m.message_id or ''} is {size} bytes; {self._kind} "
                     f"{self.entity_name!r} accepts at most {limit}: split the payload or "
                     "raise max_message_size_in_kilobytes")
         if not records:
@@ -163,7 +181,7 @@ class ServiceBusSender:
         while not done.wait(0.001):
             self._producer.poll(0.05)
         if errors:
-            raise _send_error(self.entity_name, errors[0])
+            raise _send_error(self._kind, self.entity_name, errors[0])
         self._announce(messages, placed, stamps)
         return placed
 
@@ -184,7 +202,8 @@ class ServiceBusSender:
         if not by_partition:
             return
         link = self._engine()
-        link.call_many([link.command("announce", self.entity_name, p, items=items)
+        link.call_many([link.command("announce", entity, p, items=items)
+                        for entity in self._windows(scheduling=True)
                         for p, items in sorted(by_partition.items())])
 
     def _produce(self, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]],
@@ -198,7 +217,7 @@ class ServiceBusSender:
                 self._producer.poll(0.05)
             except KafkaException as exc:
                 self._release()
-                raise _send_error(self.entity_name, exc.args[0]) from None
+                raise _send_error(self._kind, self.entity_name, exc.args[0]) from None
 
     def _acquire_slot(self) -> None:
         while not self._slots.acquire(timeout=0.05):
@@ -222,14 +241,14 @@ class ServiceBusSender:
         self.close()
 
 
-def _send_error(entity: str, err: KafkaError) -> ServiceBusError:
-    refused = denied(err.name(), "the Send right", f"queue {entity!r}")
+def _send_error(kind: str, entity: str, err: KafkaError) -> ServiceBusError:
+    refused = denied(err.name(), "the Send right", f"{kind} {entity!r}")
     if refused is not None:
         return refused
     code = err.code()
     if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
         return MessagingEntityNotFoundError(
-            f"queue {entity!r} has no log topic: create the queue first",
+            f"{kind} {entity!r} has no log topic: create the {kind} first",
             error_code=err.name())
     if code == KafkaError.MSG_SIZE_TOO_LARGE:
         return MessageSizeExceededError(

@@ -10,7 +10,14 @@ before it is known to be one. An accepted range may carry, per offset:
   delivered (an event records it);
 * a due time: a scheduled message, parked until due;
 * an expiry: the window expires the message on its own timer, whether or not
-  a receiver is there (dead-lettered or dropped, by the queue's policy).
+  a receiver is there (dead-lettered or dropped, by the queue's policy);
+* for a subscription, a filter verdict: no rule matched (never delivered to
+  it, a ``filtered`` event records it), or a filter failed on the message
+  (dead-lettered with the error when the subscription says so; otherwise a
+  ``filter_failed`` event says why the rule did not match).
+
+An item is ``[offset, expires_ms, due_ms, mark]``, with the filter's error
+as a fifth element where one failed.
 """
 
 from __future__ import annotations
@@ -30,12 +37,13 @@ from streams.states import (
     TRANSFER_DEAD,
     Event,
 )
+from topics.rule_set import FILTER_FAILED_REASON
 
 if TYPE_CHECKING:
     from streams.window import InflightWindow
 
 # Marks of an accepted offset.
-PLAIN, DUPLICATE, FORWARDED, TOO_MANY_HOPS, TARGET_MISSING = range(5)
+PLAIN, DUPLICATE, FORWARDED, TOO_MANY_HOPS, TARGET_MISSING, FILTERED, FILTER_FAILED = range(7)
 MAX_HOPS = 4
 _TRANSFER_FAILURES = {TOO_MANY_HOPS: MAX_HOPS_REASON, TARGET_MISSING: TARGET_MISSING_REASON}
 
@@ -46,13 +54,22 @@ def accept(window: InflightWindow, first: int, end: int, items: list[list[int]],
     window stands (a repeat after a crash, say) changes nothing."""
     if window.scanned is None or first != window.scanned or end < first:
         return {"accepted": False, "scanned": window.scanned}
-    duplicates, scheduled, forwarded, expiries = [], [], [], []
-    for offset, expires, due, mark in items:
+    duplicates, scheduled, forwarded, expiries, filtered = [], [], [], [], []
+    for offset, expires, due, mark, *error in items:
         if not first <= offset < end:
             continue
-        if mark in (DUPLICATE, FORWARDED):
+        if error and mark != FILTER_FAILED:
+            events.append(Event("filter_failed", [offset], {"description": error[0]}))
+        if mark in (DUPLICATE, FORWARDED, FILTERED):
             window.put(offset, Entry(CANCELLED))
-            (duplicates if mark == DUPLICATE else forwarded).append(offset)
+            {DUPLICATE: duplicates, FORWARDED: forwarded, FILTERED: filtered}[mark].append(offset)
+            continue
+        if mark == FILTER_FAILED:
+            window.put(offset, Entry(DEAD, reason=FILTER_FAILED_REASON,
+                                     description=error[0] if error else None,
+                                     source=window.entity))
+            events.append(Event("dead_lettered", [offset], {
+                "reason": FILTER_FAILED_REASON, "description": error[0] if error else None}))
             continue
         if mark in _TRANSFER_FAILURES:
             reason = _TRANSFER_FAILURES[mark]
@@ -72,6 +89,8 @@ def accept(window: InflightWindow, first: int, end: int, items: list[list[int]],
     window.see_log_end(end, events)
     if duplicates:
         events.append(Event("duplicate", duplicates))
+    if filtered:
+        events.append(Event("filtered", filtered))
     if forwarded:
         events.append(Event("forwarded", forwarded, {"to": window.forward_to}))
     if scheduled:

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from faust.types import TP, EventT, StreamT
@@ -39,7 +40,7 @@ from streams.definitions import Definitions
 from streams.states import Event
 from streams.table_store import TableStore
 from streams.window import InflightWindow
-from topics import specs
+from topics import names, specs
 from topics.commands import (
     Command,
     CommandError,
@@ -63,6 +64,8 @@ _recovered: set[bytes] = set()
 #: header is parsed only when another worker wrote it
 _written: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
 _followed: list[Definitions] = []
+#: called (in a thread) with the key of each window the engine forgets
+on_window_dropped: list[Callable[[str], None]] = []
 #: commands and the engine's own operations, one at a time (they share windows)
 _one_at_a_time = asyncio.Lock()
 #: Fault injection for tests: the worker exits (as after ``kill -9``) right
@@ -71,8 +74,8 @@ _one_at_a_time = asyncio.Lock()
 _EXIT_AFTER_COMMIT = os.environ.get("SETTLEMENT_FAULT_EXIT_AFTER_COMMIT")
 
 
-def _definitions() -> Definitions:
-    """The queues' policies, followed from the first command on."""
+def definitions() -> Definitions:
+    """The entities' policies, followed from the first command on."""
     if not _followed:
         _followed.append(Definitions(settings))
     return _followed[0]
@@ -136,19 +139,27 @@ async def _execute(cmd: Command, partition: int, sent_ms: int) -> None:
     if raw is not None and key not in _recovered:
         await _recover(raw, store)
         _recovered.add(key)
-    definitions = _definitions()
+    known = definitions()
     if cmd.op == "stats" and cmd.args["version"] >= 0:
-        await definitions.read_up_to(cmd.args["version"])
+        await known.read_up_to(cmd.args["version"])
     window = _load(key, raw, cmd, store)
     if window is None:
         return
-    if raw is not None and window.policy_version < definitions.deleted_at(cmd.entity):
+    if raw is not None and window.policy_version < known.deleted_at(cmd.entity):
         # The queue was deleted after this window adopted its policy: what
         # is stored belongs to the deleted queue, not to one of the same name.
         _written.pop(key, None)
         await _drop(key, raw, store, header_store)
         window = InflightWindow(cmd.entity, cmd.partition, store)
-    policy = await definitions.policy_as_of(cmd.entity, sent_ms)
+    policy = await known.policy_as_of(cmd.entity, sent_ms)
+    if policy is None and names.SUBSCRIPTIONS in cmd.entity and cmd.op != "stats":
+        # A subscription's window must start where the subscription began,
+        # which only its definition says (stats changes nothing: the
+        # administration client asks it after a deletion).
+        _reject(cmd, "MessagingEntityNotFound",
+                f"subscription {cmd.entity!r} does not exist: create it with "
+                "ServiceBusAdministrationClient.create_subscription")
+        return
     outcome = window.apply(cmd, int(time.time() * 1000), policy)
     if outcome.changed:
         outbox = _event_records(window, outcome.events, cmd.id)
@@ -249,6 +260,8 @@ async def _drop(key: bytes, raw: bytes, store: TableStore, header_store: TableSt
     await header_store.write(key, None)
     stale = [k for k, _ in store.range(prefix, prefix[:-1] + b"\x01")]
     await asyncio.gather(*(store.write(k, None) for k in stale))
+    for hook in on_window_dropped:
+        await asyncio.to_thread(hook, key.decode())
 
 
 def _reply_ok(cmd: Command, result: dict[str, Any]) -> None:

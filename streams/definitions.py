@@ -1,8 +1,10 @@
-"""The queues' policies as the engine knows them: read from their definitions.
+"""The entities' policies as the engine knows them: read from their definitions.
 
 Lock duration, max delivery count, time to live, duplicate detection and
 forwarding live with each queue's definition on the namespace's compacted
-entities topic. Every worker follows that topic from its start in a thread of
+entities topic; a subscription's policy combines its own definition, its
+topic's and its rules' (each a record of its own), and changes whenever one
+of them does. Every worker follows that topic from its start in a thread of
 its own (it is small, one record per queue), so ``update_queue`` takes effect
 without a restart and no client can reset a policy with what it cached. A
 policy's version is the offset of its definition record: a window adopts a
@@ -20,10 +22,18 @@ import uuid
 from confluent_kafka import Consumer, TopicPartition
 
 from settlement._properties import QueueProperties
+from settlement._rules import RuleProperties
+from settlement._topic_properties import (
+    Definition,
+    SubscriptionProperties,
+    TopicProperties,
+    load_definition,
+)
 from topics import names
 from topics.commands import Policy
 from topics.connection import ConnectionSettings
 from topics.offsets import take
+from topics.rule_set import RuleSet
 
 log = logging.getLogger(__name__)
 #: How long a command for a queue the engine has not heard of waits for its
@@ -40,6 +50,10 @@ class Definitions:
                                    "fetch.wait.max.ms": 20})
         self._consumer.assign([TopicPartition(self._topic, 0, 0)])
         self._policies: dict[str, tuple[int, Policy]] = {}
+        #: every definition read, by key (queues, topics, subscriptions, rules)
+        self._definitions: dict[str, Definition] = {}
+        #: subscription path -> (policy version, its rules compiled)
+        self._compiled: dict[str, tuple[int, RuleSet]] = {}
         #: name -> offset of the last deletion read: windows of an older
         #: definition belong to a deleted queue
         self._deleted: dict[str, int] = {}
@@ -54,6 +68,23 @@ class Definitions:
     def policy(self, name: str) -> tuple[int, Policy] | None:
         """``(version, policy)`` of a queue, None if no definition was read."""
         return self._policies.get(name)
+
+    def rules(self, name: str) -> RuleSet | None:
+        """A subscription's rules, compiled once per policy version (None: a
+        queue, or a subscription whose rules cannot be compiled)."""
+        found = self._policies.get(name)
+        if found is None or found[1].rules is None:
+            return None
+        version, policy = found
+        cached = self._compiled.get(name)
+        if cached is None or cached[0] != version:
+            try:
+                cached = (version, RuleSet(policy.rules or ()))
+            except ValueError as exc:  # written around the administration client
+                log.error("the rules of %r cannot be compiled: %s", name, exc)
+                return None
+            self._compiled[name] = cached
+        return cached[1]
 
     def deleted_at(self, name: str) -> int:
         """The offset of the queue's last deletion read, -1 if none."""
@@ -90,14 +121,44 @@ class Definitions:
     def _apply(self, key: bytes | None, value: bytes | None, offset: int) -> None:
         name = (key or b"").decode(errors="replace")
         if value is None:
+            gone = self._definitions.pop(name, None)
+            if isinstance(gone, RuleProperties):
+                self._follow_subscription(name.rpartition(names.RULES)[0], offset)
+                return
             self._policies.pop(name, None)
             self._deleted[name] = offset
             return
         try:
-            self._policies[name] = (offset, QueueProperties.from_json(value).policy())
+            definition = load_definition(value)
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring unreadable definition of %r at offset %d: %s",
                         name, offset, exc)
+            return
+        self._definitions[name] = definition
+        if isinstance(definition, QueueProperties):
+            self._policies[name] = (offset, definition.policy())
+        elif isinstance(definition, TopicProperties):
+            for path in [k for k, d in self._definitions.items()
+                         if isinstance(d, SubscriptionProperties) and d.topic_name == name]:
+                self._follow_subscription(path, offset)
+        elif isinstance(definition, SubscriptionProperties):
+            self._follow_subscription(name, offset)
+        elif isinstance(definition, RuleProperties):
+            self._follow_subscription(name.rpartition(names.RULES)[0], offset)
+
+    def _follow_subscription(self, path: str, offset: int) -> None:
+        """A subscription's policy after its definition, its topic's or one
+        of its rules changed at ``offset`` (the policy's new version)."""
+        sub = self._definitions.get(path)
+        if not isinstance(sub, SubscriptionProperties):
+            return
+        topic = self._definitions.get(sub.topic_name)
+        if not isinstance(topic, TopicProperties):
+            return
+        prefix = path + names.RULES
+        rules = [d for k, d in self._definitions.items()
+                 if k.startswith(prefix) and isinstance(d, RuleProperties)]
+        self._policies[path] = (offset, sub.policy(topic, rules))
 
     def close(self) -> None:
         self._closed.set()

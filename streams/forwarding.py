@@ -1,5 +1,6 @@
-"""Auto-forwarding: copies a queue's messages (or its dead letters) to the
-queue named by ``forward_to`` (or ``forward_dead_lettered_messages_to``).
+"""Auto-forwarding: copies a queue's or a subscription's messages (or its
+dead letters) to the queue or topic named by ``forward_to`` (or
+``forward_dead_lettered_messages_to``).
 
 A copy keeps the record's key, body and headers and counts its hops in
 ``transfer-hop-count``. A message that has already made ``MAX_HOPS`` hops, or
@@ -41,8 +42,8 @@ class Forwarder:
 
     def forward(self, records: list[Message], target: str) -> list[list[int]]:
         """Copy ``records`` to ``target``; an accept item per record."""
-        topic = names.entity_log(self._settings.namespace, target)
-        if not self._exists(topic):
+        topic = self._target_log(target)
+        if topic is None:
             return [[r.offset(), 0, 0, TARGET_MISSING] for r in records]
         items = []
         for record in records:
@@ -61,8 +62,8 @@ class Forwarder:
         """Copy dead letters (read by offset) to ``target`` with their reason and
         description as application properties, as Service Bus does; return
         the offsets copied."""
-        topic = names.entity_log(self._settings.namespace, target)
-        if not offsets or not self._exists(topic):
+        topic = self._target_log(target)
+        if not offsets or topic is None:
             return []
         copied = []
         for record in self._read(log_topic, partition, offsets):
@@ -86,12 +87,17 @@ class Forwarder:
         if self._producer.flush(30) != 0:
             raise RuntimeError(f"forwarded copies to {topic} were not acknowledged in 30 s")
 
-    def _exists(self, topic: str) -> bool:
-        """Known topics are cached for a while; an unknown one is always looked up."""
-        if topic not in self._topics or time.monotonic() - self._topics_at > _TARGETS_TTL:
+    def _target_log(self, target: str) -> str | None:
+        """The log of the queue or topic ``target`` (they share one namespace
+        of names), None when neither exists. Known logs are cached for a
+        while; an unknown one is always looked up."""
+        logs = [names.entity_log(self._settings.namespace, target),
+                names.topic_log(self._settings.namespace, target)]
+        if not self._topics.intersection(logs) or (
+                time.monotonic() - self._topics_at > _TARGETS_TTL):
             self._topics = set(self._admin.list_topics(timeout=10).topics)
             self._topics_at = time.monotonic()
-        return topic in self._topics
+        return next((log for log in logs if log in self._topics), None)
 
     def _read(self, topic: str, partition: int, offsets: list[int]) -> list[Message]:
         if self._reader is None:

@@ -1,7 +1,10 @@
-"""The log scanner: reads the headers of queues that need them, in bulk.
+"""The log scanner: reads the headers of entities that need them, in bulk.
 
-Only queues with duplicate detection or a default time to live are scanned
-(``Policy.scanned``); plain queues never pay for it. The scanner runs in the
+Only queues and subscriptions with duplicate detection, a default time to
+live, forwarding or (subscriptions) filters are scanned (``Policy.scanned``);
+plain queues and subscriptions that take every message never pay for it.
+A subscription's rules are evaluated here, once per message, so it is
+handed out only what its filters select. The scanner runs in the
 engine process, off the event loop, with one assigned consumer per log
 partition, and turns each batch of records into one ``accept`` command
 (``streams.acceptance``): duplicates, due times and expiries of the offsets
@@ -17,16 +20,22 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
-from streams.acceptance import DUPLICATE, PLAIN
+from settlement import _wire
+from streams.acceptance import DUPLICATE, FILTER_FAILED, FILTERED, PLAIN
+from streams.definitions import Definitions
 from streams.forwarding import Forwarder
 from streams.window import InflightWindow
 from topics import names
 from topics.commands import Command
 from topics.connection import ConnectionSettings
 from topics.offsets import take
+from topics.rule_set import RuleSet
+from topics.rules import MessageView
 
 log = logging.getLogger(__name__)
 MAX_RECORDS = 5000
@@ -37,11 +46,15 @@ _DEAD_LETTERS_PER_SCAN = 1_000
 class LogScanner:
     """Scans from a worker thread; :meth:`reset` may come from another."""
 
-    def __init__(self, settings: ConnectionSettings) -> None:
+    def __init__(self, settings: ConnectionSettings,
+                 definitions: Callable[[], Definitions]) -> None:
         self._settings = settings
+        self._definitions = definitions
         self._lock = threading.Lock()
-        self._consumers: dict[tuple[str, int], Consumer] = {}
-        self._positions: dict[tuple[str, int], int] = {}
+        #: window key -> its consumer and where it stands (subscriptions of one
+        #: topic each read the topic's log at their own pace)
+        self._consumers: dict[str, Consumer] = {}
+        self._positions: dict[str, int] = {}
         #: window key -> message id -> (offset, enqueued ms), oldest first
         self._seen: dict[str, OrderedDict[str, tuple[int, int]]] = {}
         #: window key -> (accepted up to, when sent): an accept not yet applied
@@ -79,13 +92,18 @@ class LogScanner:
         tp = (names.entity_log(self._settings.namespace, window.entity), window.partition)
         if window.duplicate_window_ms and key not in self._seen:
             self._rebuild_history(key, tp, window)
-        records = self._read(tp, start)
+        records = self._read(key, tp, start)
         if not records:
             return None
         now = int(time.time() * 1000)
         items, to_forward = [], []
+        rules = self._definitions().rules(window.entity)
+        found = self._definitions().policy(window.entity)
+        dead_letter_errors = found is not None and found[1].dead_letter_filter_errors
         for record in records:
             item = self._item(key, window, record, now)
+            if rules is not None and (item is None or item[3] == PLAIN):
+                item = _filtered(rules, record, item, dead_letter_errors)
             if window.forward_to and (item is None or item[3] == PLAIN):
                 to_forward.append(record)  # the target applies time to live and schedule
             elif item is not None:
@@ -152,7 +170,7 @@ class LogScanner:
         assert window.scanned is not None
         self._seen[key] = OrderedDict()
         since = int(time.time() * 1000) - window.duplicate_window_ms
-        consumer = self._consumer(tp)
+        consumer = self._consumer(key)
         try:
             found = consumer.offsets_for_times([TopicPartition(*tp, since)], timeout=10)[0]
             start = found.offset if found.offset >= 0 else window.scanned
@@ -161,7 +179,7 @@ class LogScanner:
         # ListOffsets may answer low on some brokers (Tansu): reading more is harmless.
         position = min(start, window.scanned)
         while position < window.scanned:
-            records = self._read(tp, position, until=window.scanned)
+            records = self._read(key, tp, position, until=window.scanned)
             if not records:
                 break
             for record in records:
@@ -172,29 +190,65 @@ class LogScanner:
             position = records[-1].offset() + 1
         log.info("rebuilt duplicate history of %s: %d ids", key, len(self._seen[key]))
 
-    def _read(self, tp: tuple[str, int], start: int, until: int | None = None) -> list[Message]:
-        consumer = self._consumer(tp)
-        if self._positions.get(tp) != start:
+    def _read(self, key: str, tp: tuple[str, int], start: int, until: int | None = None
+              ) -> list[Message]:
+        consumer = self._consumer(key)
+        if self._positions.get(key) != start:
             consumer.assign([TopicPartition(*tp, start)])
-            self._positions[tp] = start
+            self._positions[key] = start
         records = [r for r in take(consumer, MAX_RECORDS, 0.05) if r.error() is None]
         if until is not None:
             records = [r for r in records if r.offset() < until]
         if records:
-            self._positions[tp] = records[-1].offset() + 1
+            self._positions[key] = records[-1].offset() + 1
         return records
 
-    def _consumer(self, tp: tuple[str, int]) -> Consumer:
-        if tp not in self._consumers:
-            self._consumers[tp] = Consumer(
+    def _consumer(self, key: str) -> Consumer:
+        if key not in self._consumers:
+            self._consumers[key] = Consumer(
                 self._settings.consumer_config(f"scanner-{uuid.uuid4().hex[:8]}"))
-        return self._consumers[tp]
+        return self._consumers[key]
+
+    def release(self, key: str) -> None:
+        """Close what reads the log of a window the engine forgot (its entity
+        was deleted): its log is deleted next, and a librdkafka consumer
+        still assigned to a deleted topic crashes the process on the
+        embedded broker."""
+        with self._lock:
+            consumer = self._consumers.pop(key, None)
+            if consumer is not None:
+                consumer.close()
+            self._positions.pop(key, None)
+            self._seen.pop(key, None)
+            self._sent.pop(key, None)
 
     def close(self) -> None:
         self._forwarder.close()
         for consumer in self._consumers.values():
             consumer.close()
         self._consumers.clear()
+
+
+def _filtered(rules: RuleSet, record: Message, item: list[Any] | None,
+              dead_letter_errors: bool) -> list[Any] | None:
+    """The accept item of a record after the subscription's rules: filtered
+    out, dead-lettered for a failed filter, or as it was (matched)."""
+    offset = record.offset()
+    try:
+        system, user = _wire.filter_properties(record.value(), record.headers(),
+                                               record.timestamp()[1], record.partition(),
+                                               offset)
+    except _wire.MalformedRecord:
+        return item  # handed out, and the receiver dead-letters it
+    verdict = rules.evaluate(MessageView(system, user))
+    error = "; ".join(f"rule {name!r}: {why}" for name, why in verdict.failures)
+    if verdict.failures and dead_letter_errors:
+        return [offset, 0, 0, FILTER_FAILED, error]
+    if not verdict.matched:
+        return [offset, 0, 0, FILTERED, *([error] if error else [])]
+    if error:
+        return [*(item or [offset, 0, 0, PLAIN]), error]
+    return item
 
 
 def _headers(record: Message) -> dict[str, str]:

@@ -57,8 +57,11 @@ class LogTrimmer:
         :data:`GRACE_S` ago."""
         wanted: dict[tuple[str, int], int] = {}
         now = time.monotonic()
+        # A topic's log is shared by its subscriptions, whose windows may live
+        # on other workers: it is not trimmed (see the README's limits).
         current = {(names.entity_log(settings.namespace, w.entity), w.partition): w
-                   for w in map(InflightWindow.from_header, stored)}
+                   for w in map(InflightWindow.from_header, stored)
+                   if names.SUBSCRIPTIONS not in w.entity}
         for gone in set(self._needed) - set(current):  # deleted queues, windows moved away
             del self._needed[gone]
             self._trimmed.pop(gone, None)

@@ -9,7 +9,7 @@ import asyncio
 import time
 
 from streams.app import app, entries, headers, settings
-from streams.command_agent import run_internal
+from streams.command_agent import definitions, on_window_dropped, run_internal
 from streams.log_scanner import LogScanner
 from streams.table_store import TableStore
 from streams.window import InflightWindow
@@ -17,7 +17,8 @@ from topics import specs
 from topics.commands import command_partition
 from topics.names import split_window_key
 
-_scanner = LogScanner(settings)
+_scanner = LogScanner(settings, definitions)
+on_window_dropped.append(_scanner.release)
 
 
 @app.task

@@ -270,6 +270,10 @@ class InflightWindow:
         """Take the queue's policy, unless the window has a newer one."""
         if version <= self.policy_version:
             return
+        if self.policy_version < 0 and self.next == 0 and self.partition < len(policy.begin):
+            # A new subscription's window: it gets what was published from
+            # the subscription's creation on, not the topic's history.
+            self.start = self.next = self.hw = self.retained = policy.begin[self.partition]
         self.policy_version = version
         self.lock_ms, self.max_delivery = policy.lock_ms, policy.max_delivery
         self.dead_letter_expired = policy.dead_letter_expired

@@ -55,6 +55,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from topics.rule_set import RuleSpec, selects_everything
+
 VERSION = 1
 #: what clients may send on the commands topic
 OPERATIONS = frozenset({"acquire", "acquire_deferred", "settle", "stats", "peek", "announce",
@@ -100,12 +102,20 @@ class Policy:
     default_ttl_ms: int = 0         # 0: messages live until settled
     forward_to: str | None = None
     forward_dead_letters_to: str | None = None
+    #: a subscription's rules (None: a queue, which takes every message)
+    rules: tuple[RuleSpec, ...] | None = None
+    #: a subscription's first offset per partition: it gets what was
+    #: published from its creation on
+    begin: tuple[int, ...] = ()
+    #: a subscription dead-letters messages its filters fail on
+    dead_letter_filter_errors: bool = False
 
     @property
     def scanned(self) -> bool:
-        """Whether the engine reads this queue's log before handing messages out."""
+        """Whether the engine reads this entity's log before handing messages out."""
+        filtered = self.rules is not None and not selects_everything(self.rules)
         return bool(self.duplicate_window_ms or self.default_ttl_ms or self.forward_to
-                    or self.forward_dead_letters_to)
+                    or self.forward_dead_letters_to or filtered)
 
 
 @dataclass
@@ -189,7 +199,7 @@ def decode_command(raw: bytes | None) -> Command:
         if op not in OPERATIONS:
             raise CommandError(f"unknown operation {op!r}; expected one of {sorted(OPERATIONS)}")
         entity = obj.get("entity")
-        if not isinstance(entity, str) or not entity or len(entity) > 200:
+        if not isinstance(entity, str) or not entity or len(entity) > 500:
             raise CommandError("field 'entity' must be a non-empty string")
         partition = _int(obj, "partition", 0, 1 << 20)
         if obj.get("policy") is not None:

@@ -3,13 +3,19 @@
 A namespace prefixes every topic so several namespaces share one cluster:
 
 =============================  =============================================
-``NS.queue.ENTITY``            the entity's message log (payloads, read by receivers)
+``NS.queue.QUEUE``             a queue's message log (payloads, read by receivers)
+``NS.topic.TOPIC``             a topic's message log, read by every subscription
 ``NS.__commands``              acquire/settle commands to the engine, keyed by window
 ``NS.__replies``               the engine's answers, one partition per client
 ``NS.__events``                append-only settlement events (for Spark)
 ``NS.__state``                 compacted: each in-flight window's summary (for Spark)
 ``NS.__entities``              compacted: entity definitions (queue properties)
 =============================  =============================================
+
+A subscription ``TOPIC/subscriptions/SUB`` has no log of its own: it is a
+window of the engine over its topic's log, so a message published once is
+stored once, and each subscription keeps its own locks, delivery counts and
+dead letters. Queue and topic names share one namespace, as in Service Bus.
 
 The dead-letter sub-queue ``ENTITY/$deadletterqueue`` is not a topic of its own:
 a dead-lettered message stays at its offset in the entity's log and the engine
@@ -24,6 +30,8 @@ import re
 from collections.abc import Callable
 
 DEAD_LETTER_SUFFIX = "/$deadletterqueue"
+SUBSCRIPTIONS = "/subscriptions/"
+RULES = "/rules/"
 TRANSFER_DEAD_LETTER_SUFFIX = "/$Transfer/$deadletterqueue"
 _ENTITY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,199}$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9\-]{0,49}$")
@@ -52,12 +60,45 @@ def validate_entity(entity: str) -> str:
 
 
 def entity_log(namespace: str, entity: str) -> str:
+    """The log a queue or a subscription (``TOPIC/subscriptions/SUB``) reads."""
+    if SUBSCRIPTIONS in entity:
+        return topic_log(namespace, split_subscription_path(entity)[0])
     return f"{namespace}.queue.{validate_entity(entity)}"
 
 
+def topic_log(namespace: str, topic: str) -> str:
+    """A topic's log: every subscription of the topic reads it."""
+    return f"{namespace}.topic.{validate_entity(topic)}"
+
+
 def entity_of_log(topic: str) -> str:
-    """The entity whose message log ``topic`` is (``NS.queue.ENTITY``)."""
-    return topic.split(".queue.", 1)[-1]
+    """The queue or topic whose message log ``topic`` is."""
+    for kind in (".queue.", ".topic."):
+        if kind in topic:
+            return topic.split(kind, 1)[-1]
+    return topic
+
+
+def subscription_path(topic: str, subscription: str) -> str:
+    """``TOPIC/subscriptions/SUB``: the subscription's entity path, the
+    entity of its windows and commands."""
+    return f"{validate_entity(topic)}{SUBSCRIPTIONS}{validate_entity(subscription)}"
+
+
+def split_subscription_path(path: str) -> tuple[str, str]:
+    """``'orders/subscriptions/eu'`` -> ``('orders', 'eu')``."""
+    topic, found, subscription = path.partition(SUBSCRIPTIONS)
+    if not found:
+        raise InvalidNameError(f"{path!r} is not a subscription path: use "
+                               "'TOPIC/subscriptions/SUBSCRIPTION'")
+    return validate_entity(topic), validate_entity(subscription)
+
+
+def rule_key(topic: str, subscription: str, rule: str) -> str:
+    """Key of a rule's definition on the entities topic."""
+    if not rule or len(rule) > 50 or "/" in rule:
+        raise InvalidNameError(f"rule name {rule!r} is invalid: use 1-50 characters, no '/'")
+    return f"{subscription_path(topic, subscription)}{RULES}{rule}"
 
 
 def _namespace_topic(suffix: str) -> Callable[[str], str]:
@@ -97,7 +138,11 @@ def split_window_key(key: str) -> tuple[str, int]:
 
 
 def parse_entity_path(path: str) -> tuple[str, bool]:
-    """``'orders/$deadletterqueue'`` -> ``('orders', True)``."""
-    if path.lower().endswith(DEAD_LETTER_SUFFIX):
-        return validate_entity(path[: -len(DEAD_LETTER_SUFFIX)]), True
-    return validate_entity(path), False
+    """``'orders/$deadletterqueue'`` -> ``('orders', True)``; a subscription
+    path stays whole: ``'t/subscriptions/s/$deadletterqueue'`` ->
+    ``('t/subscriptions/s', True)``."""
+    dead = path.lower().endswith(DEAD_LETTER_SUFFIX)
+    entity = path[: -len(DEAD_LETTER_SUFFIX)] if dead else path
+    if SUBSCRIPTIONS in entity:
+        return subscription_path(*split_subscription_path(entity)), dead
+    return validate_entity(entity), dead

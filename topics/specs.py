@@ -61,10 +61,12 @@ def engine_tables(namespace: str) -> list[TopicSpec]:
                       {"cleanup.policy": "compact"}) for table in ENGINE_TABLES]
 
 
-def entity_topics(namespace: str, entity: str, partitions: int) -> list[TopicSpec]:
-    """The message log of one entity (its dead-letter sub-queue lives in it)."""
-    return [TopicSpec(names.entity_log(namespace, entity), partitions,
-                      {"cleanup.policy": "delete", "retention.ms": "-1"})]
+def entity_topics(namespace: str, entity: str, partitions: int, *, topic: bool = False
+                  ) -> list[TopicSpec]:
+    """The message log of a queue (its dead-letter sub-queue lives in it), or
+    of a topic (``topic=True``; its subscriptions read it)."""
+    log = (names.topic_log if topic else names.entity_log)(namespace, entity)
+    return [TopicSpec(log, partitions, {"cleanup.policy": "delete", "retention.ms": "-1"})]
 
 
 def provision(admin: AdminClient, specs: list[TopicSpec], replication_factor: int,

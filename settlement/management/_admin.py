@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
 import logging
 import uuid
 from typing import Any
@@ -14,11 +12,10 @@ from confluent_kafka.admin import AdminClient
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
 from settlement._properties import (
-    MAX_LOCK,
-    PARTITIONED_COUNT,
     QueueProperties,
     QueueRuntimeProperties,
 )
+from settlement._topic_properties import SubscriptionProperties, SubscriptionRuntimeProperties
 from settlement.exceptions import (
     MessagingEntityAlreadyExistsError,
     OperationTimeoutError,
@@ -27,16 +24,18 @@ from settlement.exceptions import (
     denied,
 )
 from settlement.management._queue_size import queue_size_in_bytes
+from settlement.management._topics import TopicAdministration, updated
+from settlement.management._validation import as_timedeltas, validated, validated_log
 from topics import names, specs
 from topics.connection import ConnectionSettings, parse_connection_string
 from topics.offsets import log_end_offsets
 
 log = logging.getLogger(__name__)
-_DUPLICATE_WINDOW = (dt.timedelta(seconds=20), dt.timedelta(days=7))
 
 
-class ServiceBusAdministrationClient:
-    """Queue administration over Kafka topics and the engine."""
+class ServiceBusAdministrationClient(TopicAdministration):
+    """Administration of queues (here) and of topics, subscriptions and
+    rules (:class:`TopicAdministration`), over Kafka topics and the engine."""
 
     def __init__(self, settings: ConnectionSettings) -> None:
         self._settings = settings
@@ -51,11 +50,11 @@ class ServiceBusAdministrationClient:
     def create_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
         """Create the queue's log and definition; raise if it exists."""
         names.validate_entity(queue_name)
-        props = _validated(QueueProperties(queue_name, **_as_timedeltas(kwargs)))
+        props = validated_log(validated(QueueProperties(queue_name, **as_timedeltas(kwargs))))
         self._provision(specs.namespace_topics(self._settings.namespace))
-        if queue_name in self._registry.load():
+        if self._registry.exists(queue_name):
             raise MessagingEntityAlreadyExistsError(
-                f"queue {queue_name!r} already exists in namespace "
+                f"queue or topic {queue_name!r} already exists in namespace "
                 f"{self._settings.namespace!r}: use get_queue, or delete_queue first")
         self._provision(specs.entity_topics(self._settings.namespace, queue_name,
                                             props.partition_count))
@@ -69,13 +68,7 @@ class ServiceBusAdministrationClient:
         new lock duration at once, for every client; the partition count and
         whether the queue needs sessions cannot change."""
         current = self._registry.get(queue.name, fresh=True)
-        for fixed in ("partition_count", "enable_partitioning", "requires_session"):
-            if getattr(queue, fixed) != getattr(current, fixed):
-                raise ValueError(f"the {fixed} of queue {queue.name!r} cannot change "
-                                 f"(it is {getattr(current, fixed)!r}): create another queue")
-        fields = {f.name: getattr(queue, f.name) for f in dataclasses.fields(queue)}
-        props = _validated(QueueProperties(**{**_as_timedeltas(fields),
-                                              "created_at_utc": current.created_at_utc}))
+        props = validated_log(validated(updated(current, queue, "queue")))
         self._engine_follows(queue.name, props.partition_count,
                              self._registry.put(props, queue.name))
 
@@ -132,7 +125,15 @@ class ServiceBusAdministrationClient:
     def get_queue_runtime_properties(self, queue_name: str) -> QueueRuntimeProperties:
         """Counts from the engine, against the log ends."""
         props = self._registry.get(queue_name, fresh=True)
-        topic = names.entity_log(self._settings.namespace, queue_name)
+        runtime = QueueRuntimeProperties(queue_name, created_at_utc=props.created_at_utc)
+        self._count_into(runtime, props)
+        return runtime
+
+    def _count_into(self, runtime: QueueRuntimeProperties | SubscriptionRuntimeProperties,
+                    props: QueueProperties | SubscriptionProperties) -> None:
+        """Add the counts of every window of a queue or subscription, and its
+        size in bytes where ``runtime`` has one."""
+        topic = names.entity_log(self._settings.namespace, props.path)
         consumer = Consumer(self._settings.consumer_config(f"admin-{uuid.uuid4().hex[:12]}"))
         try:
             ends = log_end_offsets(consumer, [(topic, p) for p in range(props.partition_count)],
@@ -140,9 +141,8 @@ class ServiceBusAdministrationClient:
         finally:
             consumer.close()
         link = self._engine()
-        replies = link.call_many([link.command("stats", queue_name, p, hw=ends[(topic, p)])
+        replies = link.call_many([link.command("stats", props.path, p, hw=ends[(topic, p)])
                                   for p in range(props.partition_count)])
-        runtime = QueueRuntimeProperties(queue_name, created_at_utc=props.created_at_utc)
         for reply in replies:
             if not reply.ok:
                 raise ServiceBusError(reply.error_message, error_code=reply.error_code)
@@ -153,10 +153,10 @@ class ServiceBusAdministrationClient:
             runtime.locked_message_count += stats["locked"]
             runtime.scheduled_message_count += stats.get("scheduled", 0)
             runtime.transfer_dead_letter_message_count += stats.get("transfer_dead_letter", 0)
-        log_ends = {p: ends[(topic, p)] for p in range(props.partition_count)}
-        runtime.size_in_bytes = queue_size_in_bytes(self._settings, link, props, log_ends,
-                                                    runtime.total_message_count)
-        return runtime
+        if isinstance(runtime, QueueRuntimeProperties):
+            log_ends = {p: ends[(topic, p)] for p in range(props.partition_count)}
+            runtime.size_in_bytes = queue_size_in_bytes(self._settings, link, props, log_ends,
+                                                        runtime.total_message_count)
 
     def _engine(self) -> EngineLink:
         if self._link is None:
@@ -173,33 +173,3 @@ class ServiceBusAdministrationClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _as_timedeltas(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Accept seconds or ISO-ish timedeltas where the SDK accepts timedeltas."""
-    out = dict(kwargs)
-    for key in ("lock_duration", "default_message_time_to_live",
-                "duplicate_detection_history_time_window"):
-        if isinstance(out.get(key), int | float):
-            out[key] = dt.timedelta(seconds=out[key])
-    if out.get("enable_partitioning") and "partition_count" not in out:
-        out["partition_count"] = PARTITIONED_COUNT
-    return out
-
-
-def _validated(props: QueueProperties) -> QueueProperties:
-    if not dt.timedelta(seconds=1) <= props.lock_duration <= MAX_LOCK:
-        raise ValueError(f"lock_duration must be between 1 second and 5 minutes, "
-                         f"got {props.lock_duration}")
-    if props.max_delivery_count < 1:
-        raise ValueError(f"max_delivery_count must be at least 1, got {props.max_delivery_count}")
-    low, high = _DUPLICATE_WINDOW
-    if not low <= props.duplicate_detection_history_time_window <= high:
-        raise ValueError("duplicate_detection_history_time_window must be between 20 seconds "
-                         "and 7 days")
-    if not 1 <= props.partition_count <= 64:
-        raise ValueError(f"partition_count must be 1..64, got {props.partition_count}")
-    for target in (props.forward_to, props.forward_dead_lettered_messages_to):
-        if target is not None:
-            names.validate_entity(target)
-    return props

@@ -14,6 +14,7 @@ from confluent_kafka import Message
 from settlement._engine_link import EngineLink
 from settlement._log_reader import PartitionReader
 from settlement._properties import QueueProperties
+from settlement._topic_properties import SubscriptionProperties
 from topics import names
 from topics.commands import MAX_ACQUIRE
 from topics.connection import ConnectionSettings
@@ -22,11 +23,14 @@ SAMPLE = 20_000
 _SUB_QUEUES = ("active", "deadletter", "transferdeadletter")
 
 
-def queue_size_in_bytes(settings: ConnectionSettings, link: EngineLink, props: QueueProperties,
+Receivable = QueueProperties | SubscriptionProperties
+
+
+def queue_size_in_bytes(settings: ConnectionSettings, link: EngineLink, props: Receivable,
                         ends: dict[int, int], total_messages: int) -> int:
     offsets_seen = 0
     sampled_bytes = 0
-    topic = names.entity_log(settings.namespace, props.name)
+    topic = names.entity_log(settings.namespace, props.path)
     for partition in range(props.partition_count):
         offsets = _offsets_in_play(link, props, partition, ends[partition])
         if not offsets:
@@ -45,13 +49,13 @@ def queue_size_in_bytes(settings: ConnectionSettings, link: EngineLink, props: Q
     return round(sampled_bytes * max(total_messages, offsets_seen) / offsets_seen)
 
 
-def _offsets_in_play(link: EngineLink, props: QueueProperties, partition: int, hw: int
+def _offsets_in_play(link: EngineLink, props: Receivable, partition: int, hw: int
                      ) -> list[int]:
     found: list[int] = []
     for sub in _SUB_QUEUES:
         first = 0
         while len(found) < SAMPLE:
-            reply = link.call(link.command("peek", props.name, partition, sub=sub,
+            reply = link.call(link.command("peek", props.path, partition, sub=sub,
                                            max=MAX_ACQUIRE, hw=hw, **{"from": first}))
             entries = reply.result.get("messages", []) if reply.ok else []
             found += [e[0] for e in entries]

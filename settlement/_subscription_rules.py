@@ -1,0 +1,57 @@
+"""The rule actions a subscription receiver applies to what it delivers.
+
+The engine decides which messages a subscription gets (its filters); the
+receiver, which reads each payload anyway, applies the ``SqlRuleAction`` of
+every rule that matches the message to the application properties of the
+copy it hands out. Rules are read from the entities topic and looked at
+again every few seconds, so a rule changed while a receiver runs applies to
+what it receives from then on.
+"""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import Message
+
+from settlement import _wire
+from settlement._entities import EntityRegistry
+from settlement.message import ServiceBusReceivedMessage
+from topics.rule_set import RuleSet
+from topics.rules import MessageView
+
+_REFRESH_S = 5.0
+
+
+class SubscriptionRules:
+    """One subscription's rules, compiled, refreshed every few seconds."""
+
+    def __init__(self, registry: EntityRegistry, topic: str, subscription: str) -> None:
+        self._registry = registry
+        self._topic = topic
+        self._subscription = subscription
+        self._rules: RuleSet | None = None
+        self._read_at = 0.0
+
+    def _current(self) -> RuleSet:
+        if self._rules is None or time.monotonic() - self._read_at > _REFRESH_S:
+            specs = [r.spec() for r in self._registry.rules_of(self._topic, self._subscription)]
+            self._rules, self._read_at = RuleSet(specs), time.monotonic()
+        return self._rules
+
+    def apply_actions(self, message: ServiceBusReceivedMessage, record: Message) -> None:
+        """Set the message's application properties to what the actions of
+        its matching rules make of them."""
+        rules = self._current()
+        if not rules.has_actions:
+            return
+        try:
+            system, user = _wire.filter_properties(record.value(), record.headers(),
+                                                   record.timestamp()[1], record.partition(),
+                                                   record.offset())
+        except _wire.MalformedRecord:
+            return
+        view = MessageView(system, user)
+        verdict = rules.evaluate(view)
+        if verdict.actions:
+            message.application_properties = rules.apply_actions(view, verdict.actions)
