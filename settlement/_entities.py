@@ -164,9 +164,13 @@ class EntityRegistry:
         found = self._cache.get(key)
         if isinstance(found, kind):
             return found
-        other = "" if found is None else f" (it names a {_KIND[type(found)]})"
+        if found is not None:
+            raise MessagingEntityNotFoundError(
+                f"{key!r} is a {_KIND[type(found)]} of namespace "
+                f"{self._settings.namespace!r}, not a {what}: use the {_KIND[type(found)]}'s "
+                f"methods (e.g. get_{_KIND[type(found)]}_sender), or another name")
         raise MessagingEntityNotFoundError(
-            f"{what} {key!r} does not exist in namespace {self._settings.namespace!r}{other}: "
+            f"{what} {key!r} does not exist in namespace {self._settings.namespace!r}: "
             f"create it with ServiceBusAdministrationClient.{create} or 'settlement {cli}'")
 
     def put(self, props: Definition | None, name: str) -> int:

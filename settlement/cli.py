@@ -1,4 +1,5 @@
-"""``settlement``: run a broker or an engine worker, manage queues, send and receive.
+"""``settlement``: run a broker or an engine worker, manage queues, topics,
+subscriptions and rules, send and receive.
 
 Every command that talks to a namespace takes ``--connection-string`` (or the
 ``SETTLEMENT_CONNECTION_STRING`` environment variable)::
@@ -11,6 +12,12 @@ Every command that talks to a namespace takes ``--connection-string`` (or the
     settlement send orders '{"id": 1}' --property kind=order
     settlement receive orders --max 10 --settle complete
     settlement dlq orders
+    settlement topic create sales
+    settlement subscription create sales eu
+    settlement rule create sales eu in-eu --sql "region = 'eu'"
+    settlement rule delete sales eu '$Default'
+    settlement send sales '{"id": 2}' --property region=eu     # a queue or a topic
+    settlement receive sales/subscriptions/eu --max 10
 
 Exit codes: 0 success, 1 some settlement failed (e.g. a lock was lost),
 2 usage or service error (printed as ``error: ...`` on stderr).
@@ -24,22 +31,27 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from tqdm import tqdm
 
-from settlement._properties import DEFAULT_TTL
+from settlement._entities import EntityRegistry
+from settlement._properties import QueueProperties
+from settlement._topic_properties import Definition, SubscriptionProperties, TopicProperties
 from settlement.apache_kafka import KAFKA_VERSION
 from settlement.client import ServiceBusClient
 from settlement.dead_letters import purge_dead_letters, resubmit_dead_letters
-from settlement.exceptions import ServiceBusError
+from settlement.exceptions import MessagingEntityNotFoundError, ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
 from settlement.message import PropertyValue, ServiceBusMessage, ServiceBusReceivedMessage
 from settlement.receiver import ServiceBusReceiveMode, ServiceBusReceiver, ServiceBusSubQueue
+from settlement.sender import ServiceBusSender
 from spark import cli as spark_cli
-from topics.connection import ConnectionStringError
+from topics import names
+from topics.connection import ConnectionStringError, parse_connection_string
 from topics.specs import ProvisioningError
 
 log = logging.getLogger(__name__)
@@ -110,7 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="worker log level (default: info)")
     worker.set_defaults(handler=cmd_worker)
 
-    _add_queue_commands(commands, common)
+    # Imported here, not at the top: admin_cli builds on this module's helpers.
+    from settlement import admin_cli
+
+    admin_cli.add_commands(commands, common)
     _add_send(commands, common)
     _add_receive(commands, common)
 
@@ -138,33 +153,27 @@ def _add_acl(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _add_dlq_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    dlq = commands.add_parser("dlq", parents=[common], help="list, resubmit or purge dead letters",
-                              description="Work with the dead-letter sub-queue of a queue. "
-                                          "'settlement dlq QUEUE' is 'settlement dlq list QUEUE'.")
-    dlq.set_defaults(handler=None, parser=dlq)
-    sub = dlq.add_subparsers(title="dlq commands", metavar="DLQ_COMMAND")
-    listing = sub.add_parser("list", parents=[common], help="show dead letters (peek)",
-                             description="Show the dead letters of QUEUE without locking or "
-                                         "settling them.")
-    listing.add_argument("queue", metavar="QUEUE")
+    sub = add_group(commands, common, "dlq", "list, resubmit or purge dead letters",
+                    "Work with the dead-letter sub-queue of a queue or of a subscription "
+                    "(TOPIC/subscriptions/SUB). 'settlement dlq ENTITY' is "
+                    "'settlement dlq list ENTITY'.")
+    listing = add_command(sub, common, "list", cmd_dlq, "show dead letters (peek)",
+                          "Show the dead letters of ENTITY without locking or settling "
+                          "them.", "ENTITY")
     listing.add_argument("--max", type=int, default=100, metavar="N",
                          help="at most this many (default: 100)")
-    listing.set_defaults(handler=cmd_dlq)
-    resubmit = sub.add_parser(
-        "resubmit", parents=[common], help="send dead letters back to their queue",
-        description="Send dead letters back to QUEUE (same body, id and properties; "
-                    "dead-letter fields cleared, delivery count reset), each once.")
-    resubmit.add_argument("queue", metavar="QUEUE")
+    resubmit = add_command(
+        sub, common, "resubmit", cmd_dlq_resubmit, "send dead letters back to their queue",
+        "Send dead letters back to QUEUE (same body, id and properties; dead-letter fields "
+        "cleared, delivery count reset), each once. Not for subscriptions: they have no "
+        "log of their own to send to.", "QUEUE")
     resubmit.add_argument("--reason", default=None, help="only dead letters with this reason")
     resubmit.add_argument("--since", default=None, metavar="TIME",
                           help="only messages enqueued at or after TIME (ISO 8601, UTC)")
     resubmit.add_argument("--limit", type=int, default=None, metavar="N",
                           help="at most this many")
-    resubmit.set_defaults(handler=cmd_dlq_resubmit)
-    purge = sub.add_parser("purge", parents=[common], help="delete every dead letter",
-                           description="Complete (remove) every dead letter of QUEUE.")
-    purge.add_argument("queue", metavar="QUEUE")
-    purge.set_defaults(handler=cmd_dlq_purge)
+    add_command(sub, common, "purge", cmd_dlq_purge, "delete every dead letter",
+                "Complete (remove) every dead letter of ENTITY.", "ENTITY")
 
 
 def _add_common(parser: argparse.ArgumentParser, *, top_level: bool) -> None:
@@ -180,56 +189,41 @@ def _add_common(parser: argparse.ArgumentParser, *, top_level: bool) -> None:
                              f"(default: ${ENV_CONNECTION_STRING})")
 
 
-def _add_queue_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    queue = commands.add_parser("queue", parents=[common], help="create, list, show, delete",
-                                description="Manage the queues of a namespace.")
-    queue.set_defaults(handler=None, parser=queue)
-    sub = queue.add_subparsers(title="queue commands", metavar="QUEUE_COMMAND")
+def add_group(commands: Any, common: argparse.ArgumentParser, name: str, summary: str,
+              description: str) -> Any:
+    """A command with sub-commands (``queue``, ``topic``...); alone, it prints its help."""
+    group = commands.add_parser(name, parents=[common], help=summary, description=description)
+    group.set_defaults(handler=None, parser=group)
+    return group.add_subparsers(title=f"{name} commands", metavar=f"{name.upper()}_COMMAND")
 
-    create = sub.add_parser("create", parents=[common], help="create a queue",
-                            description="Create a queue; fails if it exists.")
-    create.add_argument("name", metavar="NAME")
-    create.add_argument("--lock-duration", type=float, default=None, metavar="SECONDS",
-                        help="peek-lock duration, 1..300 s (default: 60)")
-    create.add_argument("--max-delivery-count", type=int, default=None, metavar="N",
-                        help="deliveries before dead-lettering (default: 10)")
-    create.add_argument("--partitions", type=int, default=None, metavar="N",
-                        help="partitions of the queue's log, 1..64 (default: 1)")
-    create.add_argument("--default-ttl", type=float, default=None, metavar="SECONDS",
-                        help="default_message_time_to_live (default: never expire)")
-    create.add_argument("--dead-letter-on-expiration", action="store_true",
-                        help="expired messages go to the dead-letter sub-queue")
-    create.add_argument("--duplicate-detection", type=float, default=None, metavar="SECONDS",
-                        help="turn duplicate detection on with this history window "
-                             "(20 s to 7 days)")
-    create.set_defaults(handler=cmd_queue_create)
 
-    listing = sub.add_parser("list", parents=[common], help="list queues",
-                             description="List the queues of the namespace.")
-    listing.set_defaults(handler=cmd_queue_list)
-
-    show = sub.add_parser("show", parents=[common], help="show properties and counts",
-                          description="Show a queue's properties and runtime counts.")
-    show.add_argument("name", metavar="NAME")
-    show.set_defaults(handler=cmd_queue_show)
-
-    delete = sub.add_parser("delete", parents=[common], help="delete a queue",
-                            description="Delete a queue, its log and its messages.")
-    delete.add_argument("name", metavar="NAME")
-    delete.set_defaults(handler=cmd_queue_delete)
+def add_command(sub: Any, common: argparse.ArgumentParser, name: str,
+                handler: Callable[[argparse.Namespace], int], summary: str, description: str,
+                *positionals: str) -> argparse.ArgumentParser:
+    """A sub-command of a group; each positional's dest is its metavar in lower case."""
+    parser = sub.add_parser(name, parents=[common], help=summary, description=description)
+    for metavar in positionals:
+        parser.add_argument(metavar.lower(), metavar=metavar)
+    parser.set_defaults(handler=handler)
+    return parser
 
 
 def _add_send(commands: Any, common: argparse.ArgumentParser) -> None:
     send = commands.add_parser(
-        "send", parents=[common], help="send messages to a queue",
-        description="Send each BODY (as UTF-8 text) to QUEUE, --count times over.")
-    send.add_argument("queue", metavar="QUEUE")
+        "send", parents=[common], help="send messages to a queue or a topic",
+        description="Send each BODY (as UTF-8 text) to the queue or topic NAME, --count "
+                    "times over. A topic stores each message once and delivers it to every "
+                    "subscription whose rules select it.")
+    send.add_argument("entity", metavar="NAME")
     send.add_argument("body", metavar="BODY", nargs="+")
     send.add_argument("--message-id", default=None, metavar="ID",
                       help="message id; with more than one message, ID-0, ID-1, ...")
     send.add_argument("--property", action="append", default=[], metavar="KEY=VALUE",
                       help="application property (repeatable); VALUE is read as a JSON "
                            "number, true/false/null when it is one, else as text")
+    send.add_argument("--subject", default=None, help="the subject (label) of every message")
+    send.add_argument("--correlation-id", default=None, metavar="ID",
+                      help="the correlation id of every message")
     send.add_argument("--count", type=int, default=1, metavar="N",
                       help="send the bodies N times (progress bar above 100 messages)")
     send.set_defaults(handler=cmd_send)
@@ -238,10 +232,11 @@ def _add_send(commands: Any, common: argparse.ArgumentParser) -> None:
 def _add_receive(commands: Any, common: argparse.ArgumentParser) -> None:
     receive = commands.add_parser(
         "receive", parents=[common], help="receive and settle messages",
-        description="Receive up to --max messages, settle them all as --settle says, and "
+        description="Receive up to --max messages from a queue or a subscription "
+                    "(TOPIC/subscriptions/SUB), settle them all as --settle says, and "
                     "print one line per message: sequence number, delivery count, message "
-                    "id, body and the settlement done.")
-    receive.add_argument("queue", metavar="QUEUE")
+                    "id, body, application properties and the settlement done.")
+    receive.add_argument("entity", metavar="ENTITY")
     receive.add_argument("--max", type=int, default=1, metavar="N",
                          help="at most this many messages (default: 1)")
     receive.add_argument("--wait", type=float, default=5.0, metavar="SECONDS",
@@ -255,7 +250,7 @@ def _add_receive(commands: Any, common: argparse.ArgumentParser) -> None:
     receive.add_argument("--reason", default=None, help="dead-letter reason")
     receive.add_argument("--description", default=None, help="dead-letter error description")
     receive.add_argument("--dead-letter", action="store_true",
-                         help="receive from the dead-letter sub-queue of QUEUE")
+                         help="receive from the dead-letter sub-queue of ENTITY")
     receive.set_defaults(handler=cmd_receive)
 
 
@@ -325,12 +320,35 @@ def _connection_string(args: argparse.Namespace) -> str:
     return conn
 
 
-def _admin(args: argparse.Namespace) -> ServiceBusAdministrationClient:
+def admin_client(args: argparse.Namespace) -> ServiceBusAdministrationClient:
     return ServiceBusAdministrationClient.from_connection_string(_connection_string(args))
 
 
 def _client(args: argparse.Namespace) -> ServiceBusClient:
     return ServiceBusClient.from_connection_string(_connection_string(args))
+
+
+def _definition(args: argparse.Namespace, name: str) -> Definition | None:
+    """What ``name`` is in the namespace (queue, topic or subscription path),
+    or None: one read of the entities topic."""
+    registry = EntityRegistry(parse_connection_string(_connection_string(args)))
+    return registry.load_all().get(name)
+
+
+@contextmanager
+def _not_a_topic(args: argparse.Namespace, entity: str) -> Iterator[None]:
+    """Turn "queue X does not exist" into what to do when X is a topic: a
+    topic is not received from, its subscriptions are. Looked up only when
+    the entity was not found, so a receive pays nothing for it."""
+    try:
+        yield
+    except MessagingEntityNotFoundError:
+        if isinstance(_definition(args, entity), TopicProperties):
+            raise UsageError(
+                f"{entity!r} is a topic, whose messages are received from its "
+                f"subscriptions: name one as '{entity}{names.SUBSCRIPTIONS}SUB' (list them "
+                f"with 'settlement subscription list {entity}')") from None
+        raise
 
 
 # ------------------------------------------------------------------------- commands
@@ -357,7 +375,6 @@ def cmd_acl(args: argparse.Namespace) -> int:
     from confluent_kafka.admin import AdminClient
 
     from topics import rights
-    from topics.connection import parse_connection_string
 
     settings = parse_connection_string(_connection_string(args))
     bindings = (rights.engine_acl_bindings(settings.namespace, args.principal) if args.engine
@@ -373,82 +390,15 @@ def cmd_acl(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_queue_create(args: argparse.Namespace) -> int:
-    options = {"lock_duration": args.lock_duration,
-               "max_delivery_count": args.max_delivery_count,
-               "partition_count": args.partitions,
-               "default_message_time_to_live": args.default_ttl,
-               "dead_lettering_on_message_expiration": args.dead_letter_on_expiration or None,
-               "requires_duplicate_detection": args.duplicate_detection is not None or None,
-               "duplicate_detection_history_time_window": args.duplicate_detection}
-    with _admin(args) as admin:
-        props = admin.create_queue(args.name,
-                                   **{k: v for k, v in options.items() if v is not None})
-    print(f"created queue {props.name!r}: lock_duration={_seconds(props.lock_duration)}, "
-          f"max_delivery_count={props.max_delivery_count}, "
-          f"partitions={props.partition_count}")
-    return 0
-
-
-def cmd_queue_list(args: argparse.Namespace) -> int:
-    with _admin(args) as admin:
-        queues = admin.list_queues()
-    if not queues:
-        print("no queues", file=sys.stderr)
-        return 0
-    rows = [[q.name, str(q.partition_count), _seconds(q.lock_duration),
-             str(q.max_delivery_count), q.created_at_utc.strftime("%Y-%m-%d %H:%M:%S")]
-            for q in queues]
-    print(format_table(["NAME", "PARTITIONS", "LOCK", "MAX DELIVERIES", "CREATED (UTC)"], rows))
-    return 0
-
-
-def cmd_queue_show(args: argparse.Namespace) -> int:
-    with _admin(args) as admin:
-        props = admin.get_queue(args.name)
-        runtime = admin.get_queue_runtime_properties(args.name)
-    fields = [
-        ("name", props.name),
-        ("lock_duration", _seconds(props.lock_duration)),
-        ("max_delivery_count", props.max_delivery_count),
-        ("partition_count", props.partition_count),
-        ("max_message_size_in_kilobytes", props.max_message_size_in_kilobytes),
-        ("default_message_time_to_live", _seconds(props.default_message_time_to_live)),
-        ("dead_lettering_on_message_expiration", props.dead_lettering_on_message_expiration),
-        ("requires_duplicate_detection", props.requires_duplicate_detection),
-        ("duplicate_detection_history_time_window",
-         _seconds(props.duplicate_detection_history_time_window)),
-        ("created_at_utc", props.created_at_utc.isoformat()),
-        ("active_message_count", runtime.active_message_count),
-        ("dead_letter_message_count", runtime.dead_letter_message_count),
-        ("deferred_message_count", runtime.deferred_message_count),
-        ("locked_message_count", runtime.locked_message_count),
-        ("scheduled_message_count", runtime.scheduled_message_count),
-        ("transfer_dead_letter_message_count", runtime.transfer_dead_letter_message_count),
-        ("total_message_count", runtime.total_message_count),
-        ("size_in_bytes", runtime.size_in_bytes),
-    ]
-    width = max(len(k) for k, _ in fields)
-    for key, value in fields:
-        print(f"{key:<{width}}  {value}")
-    return 0
-
-
-def cmd_queue_delete(args: argparse.Namespace) -> int:
-    with _admin(args) as admin:
-        admin.delete_queue(args.name)
-    print(f"deleted queue {args.name!r}")
-    return 0
-
-
 def cmd_send(args: argparse.Namespace) -> int:
     if args.count < 1:
         raise UsageError(f"--count must be at least 1, got {args.count}")
     properties = _parse_properties(args.property)
     total = len(args.body) * args.count
-    messages = (_message_to_send(body, i, total, args.message_id, properties)
+    messages = (_message_to_send(body, i, total, args, properties)
                 for i, body in enumerate(args.body * args.count))
-    with _client(args) as client, client.get_queue_sender(args.queue) as sender, \
+    kind = _sendable_kind(args, args.entity)
+    with _client(args) as client, _sender(client, kind, args.entity) as sender, \
             tqdm(total=total, unit="msg", disable=total <= 100, file=sys.stderr) as bar:
         chunk: list[ServiceBusMessage] = []
         for message in messages:
@@ -460,8 +410,32 @@ def cmd_send(args: argparse.Namespace) -> int:
         if chunk:
             sender.send_messages(chunk)
             bar.update(len(chunk))
-    print(f"sent {total} message(s) to {args.queue!r}")
+    print(f"sent {total} message(s) to {kind} {args.entity!r}")
     return 0
+
+
+def _sendable_kind(args: argparse.Namespace, name: str) -> str:
+    """``"queue"`` or ``"topic"``: what ``name`` is, looked up so that
+    ``settlement send NAME`` works for both; anything else is refused with
+    what to send to instead."""
+    found = _definition(args, name)
+    if isinstance(found, TopicProperties):
+        return "topic"
+    if isinstance(found, QueueProperties):
+        return "queue"
+    if isinstance(found, SubscriptionProperties) or names.SUBSCRIPTIONS in name:
+        topic = name.partition(names.SUBSCRIPTIONS)[0]
+        raise UsageError(f"{name!r} names a subscription, which is not sent to: send to its "
+                         f"topic {topic!r}, and every subscription whose rules select a "
+                         "message gets a copy")
+    namespace = parse_connection_string(_connection_string(args)).namespace
+    raise MessagingEntityNotFoundError(
+        f"no queue or topic named {name!r} in namespace {namespace!r}: create one with "
+        f"'settlement queue create {name}' or 'settlement topic create {name}'")
+
+
+def _sender(client: ServiceBusClient, kind: str, name: str) -> ServiceBusSender:
+    return client.get_topic_sender(name) if kind == "topic" else client.get_queue_sender(name)
 
 
 def cmd_receive(args: argparse.Namespace) -> int:
@@ -469,13 +443,14 @@ def cmd_receive(args: argparse.Namespace) -> int:
             else ServiceBusReceiveMode.RECEIVE_AND_DELETE)
     settle = _settle_choice(args, mode)
     sub_queue = ServiceBusSubQueue.DEAD_LETTER if args.dead_letter else None
-    with _client(args) as client, client.get_queue_receiver(
-            args.queue, sub_queue=sub_queue, receive_mode=mode) as receiver:
+    with _client(args) as client, _not_a_topic(args, args.entity), client.get_queue_receiver(
+            args.entity, sub_queue=sub_queue, receive_mode=mode) as receiver:
         messages = receive_up_to(receiver, args.max, args.wait)
         outcomes = _settle_all(receiver, messages, settle, args.reason, args.description)
     for message, outcome in zip(messages, outcomes, strict=True):
         print(f"seq={message.sequence_number} delivery={message.delivery_count} "
-              f"id={message.message_id} body={_body(message)} settled={outcome}")
+              f"id={message.message_id} body={_body(message)} "
+              f"properties={_properties_text(message)} settled={outcome}")
     print(f"received {len(messages)} message(s) from {receiver.entity_path!r}", file=sys.stderr)
     return 1 if any(o.startswith("failed") for o in outcomes) else 0
 
@@ -483,22 +458,22 @@ def cmd_receive(args: argparse.Namespace) -> int:
 def cmd_dlq(args: argparse.Namespace) -> int:
     if args.max < 1:
         raise UsageError(f"--max must be at least 1, got {args.max}")
-    with _client(args) as client, client.get_queue_receiver(
-            args.queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
+    with _client(args) as client, _not_a_topic(args, args.entity), client.get_queue_receiver(
+            args.entity, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
         messages = receiver.peek_messages(args.max)
     for message in messages:
         print(f"seq={message.sequence_number} reason={message.dead_letter_reason} "
               f"description={message.dead_letter_error_description} "
               f"id={message.message_id} body={_body(message)}")
-    print(f"{len(messages)} dead-lettered message(s) in {args.queue!r} (left in place)",
+    print(f"{len(messages)} dead-lettered message(s) in {args.entity!r} (left in place)",
           file=sys.stderr)
     return 0
 
 
 def cmd_dlq_resubmit(args: argparse.Namespace) -> int:
     since = dt.datetime.fromisoformat(args.since) if args.since else None
-    with _client(args) as client, tqdm(unit="msg", desc="resubmitted",
-                                       disable=None) as bar:
+    with _client(args) as client, _not_a_topic(args, args.queue), \
+            tqdm(unit="msg", desc="resubmitted", disable=None) as bar:
         count = resubmit_dead_letters(client, args.queue, reason=args.reason, since=since,
                                       limit=args.limit, on_progress=bar.update)
     print(f"resubmitted {count} dead letter(s) to {args.queue!r}")
@@ -506,9 +481,10 @@ def cmd_dlq_resubmit(args: argparse.Namespace) -> int:
 
 
 def cmd_dlq_purge(args: argparse.Namespace) -> int:
-    with _client(args) as client, tqdm(unit="msg", desc="purged", disable=None) as bar:
-        count = purge_dead_letters(client, args.queue, on_progress=bar.update)
-    print(f"purged {count} dead letter(s) of {args.queue!r}")
+    with _client(args) as client, _not_a_topic(args, args.entity), \
+            tqdm(unit="msg", desc="purged", disable=None) as bar:
+        count = purge_dead_letters(client, args.entity, on_progress=bar.update)
+    print(f"purged {count} dead letter(s) of {args.entity!r}")
     return 0
 
 
@@ -562,25 +538,36 @@ def _settle_all(receiver: ServiceBusReceiver, messages: list[ServiceBusReceivedM
     return [done if r.error is None else f"failed ({_message(r.error)})" for r in results]
 
 
+def split_pair(pair: str, option: str) -> tuple[str, str]:
+    """``"KEY=VALUE"`` -> ``("KEY", "VALUE")``; ``option`` names the flag in the error."""
+    key, sep, raw = pair.partition("=")
+    if not sep or not key:
+        raise UsageError(f"{option} takes KEY=VALUE, got {pair!r}")
+    return key, raw
+
+
+def property_value(raw: str) -> PropertyValue:
+    """A JSON number, true, false or null as such; anything else as text,
+    so that rules compare ``amount >= 100`` as numbers."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return raw
+    return value if isinstance(value, int | float | bool | None) else raw
+
+
 def _parse_properties(pairs: list[str]) -> dict[str, PropertyValue]:
-    properties: dict[str, PropertyValue] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--property takes KEY=VALUE, got {pair!r}")
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            value = raw
-        properties[key] = value if isinstance(value, int | float | bool | None) else raw
-    return properties
+    return {key: property_value(raw)
+            for key, raw in (split_pair(pair, "--property") for pair in pairs)}
 
 
-def _message_to_send(body: str, index: int, total: int, message_id: str | None,
+def _message_to_send(body: str, index: int, total: int, args: argparse.Namespace,
                      properties: dict[str, PropertyValue]) -> ServiceBusMessage:
+    message_id = args.message_id
     if message_id is not None and total > 1:
         message_id = f"{message_id}-{index}"
-    return ServiceBusMessage(body, message_id=message_id,
+    return ServiceBusMessage(body, message_id=message_id, subject=args.subject,
+                             correlation_id=args.correlation_id,
                              application_properties=dict(properties))
 
 
@@ -591,18 +578,10 @@ def _body(message: ServiceBusReceivedMessage) -> str:
     return repr(text)
 
 
-def _seconds(delta: dt.timedelta) -> str:
-    if delta >= DEFAULT_TTL:
-        return "never"
-    return f"{delta.total_seconds():g}s"
-
-
-def format_table(headers: list[str], rows: list[list[str]]) -> str:
-    """Plain left-aligned columns with a header rule."""
-    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=True)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in [headers, ["-" * w for w in widths], *rows]]
-    return "\n".join(lines)
+def _properties_text(message: ServiceBusReceivedMessage) -> str:
+    """The application properties as compact JSON (a rule's action shows here)."""
+    return json.dumps(message.application_properties or {}, separators=(",", ":"),
+                      sort_keys=True, default=str)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,11 @@ dead letter only after it has been handled (sent back and acknowledged, for a
 resubmit), so an interrupted run loses nothing and a second run picks up
 exactly what the first left. A dead letter that does not match the filters
 is left in the sub-queue.
+
+A subscription's dead letters can be listed and purged, but not resubmitted
+to the subscription: it has no log of its own (it is a window over its
+topic's log), and sending them to the topic would deliver them again to
+every subscription of the topic. Resubmitting to a subscription is refused.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from settlement._wire import as_utc
 from settlement.client import ServiceBusClient
 from settlement.message import ServiceBusMessage, ServiceBusReceivedMessage
 from settlement.receiver import ServiceBusSubQueue
+from topics import names
 
 Progress = Callable[[int], None]
 #: Application property of a copy made by a replay job: ``entity/partition/offset``
@@ -41,6 +47,8 @@ def resubmit_dead_letters(client: ServiceBusClient, queue_name: str, *,
     only dead letters with that reason, ``since`` only those enqueued at or
     after that time.
     """
+    refuse_subscription_target(queue_name, queue_name)
+
     def matches(message: ServiceBusReceivedMessage) -> bool:
         if reason is not None and message.dead_letter_reason != reason:
             return False
@@ -63,6 +71,8 @@ def replay_dead_letters(client: ServiceBusClient, queue_name: str,
     ``already_sent`` (a run that stopped between sending and completing) is
     completed without sending it again, so replaying is idempotent.
     """
+    refuse_subscription_target(queue_name, to or queue_name)
+
     def send(batch: list[ServiceBusReceivedMessage]) -> None:
         copies = [copy_message(m, {REPLAYED_FROM: replay_id(queue_name, m)}) for m in batch
                   if replay_id(queue_name, m) not in already_sent]
@@ -72,6 +82,20 @@ def replay_dead_letters(client: ServiceBusClient, queue_name: str,
     with client.get_queue_sender(to or queue_name) as sender:
         return _drain(client, queue_name, lambda m: (m.partition, m.offset) in chosen,
                       len(chosen), on_progress, send)
+
+
+def refuse_subscription_target(source: str, target: str) -> None:
+    """Raise ValueError, before anything is received, when dead letters of
+    ``source`` would be sent to a subscription: see the module's docstring."""
+    if names.SUBSCRIPTIONS not in target:
+        return
+    topic = names.split_subscription_path(names.parse_entity_path(target)[0])[0]
+    raise ValueError(
+        f"cannot resubmit dead letters of {source!r} to subscription {target!r}: a "
+        f"subscription has no log of its own, and sending them to its topic {topic!r} "
+        f"would deliver them again to every subscription of {topic!r}. Inspect them with "
+        f"'settlement dlq list {source}', take them with 'settlement receive {source} "
+        f"--dead-letter', or remove them with 'settlement dlq purge {source}'")
 
 
 def purge_dead_letters(client: ServiceBusClient, queue_name: str, *,

@@ -4,8 +4,11 @@ Starts the embedded broker and one engine worker, creates queue ``orders``
 (2 s locks, 3 deliveries at most) and drives complete, abandon, a lapsed lock,
 dead-letter, defer, max delivery count, batch completion, (on a second
 queue) receive-and-delete and (on a third, with duplicate detection) a
-duplicate, an expiring and a scheduled message. Then it reads the dead-letter
-sub-queue and prints the outcomes and the runtime counts. Last, Spark: the
+duplicate, an expiring and a scheduled message. A topic, ``placed-orders``,
+gets a handful of orders published once; three subscriptions select them
+with SQL rules (one with an action that tags what it selects). Then it reads
+the dead-letter sub-queue and prints the outcomes, what each subscription
+received and the runtime counts. Last, Spark: the
 monitoring job turns the engine's events into metrics, the audit checks that
 no message was lost, stuck or settled twice, and the dashboard page is
 written to ``demo-output/dashboard.html`` (with a screenshot where Chromium
@@ -39,9 +42,15 @@ from settlement import (
     ServiceBusReceiver,
     ServiceBusSubQueue,
 )
+from settlement.admin_cli import format_table
 from settlement.embedded import BrokerStartError, EmbeddedBroker
 from settlement.exceptions import MessageLockLostError, ServiceBusError
-from settlement.management import QueueRuntimeProperties, ServiceBusAdministrationClient
+from settlement.management import (
+    QueueRuntimeProperties,
+    ServiceBusAdministrationClient,
+    SqlRuleAction,
+    SqlRuleFilter,
+)
 from streams.process import EngineProcess
 
 log = logging.getLogger("settlement.demo")
@@ -50,6 +59,17 @@ NAMESPACE = "demo"
 QUEUE = "orders"
 RAD_QUEUE = "notifications"
 LIFE_QUEUE = "invoices"
+#: Not "orders": queues and topics share one namespace of names.
+TOPIC = "placed-orders"
+#: (order id, region, amount), published once to TOPIC.
+TOPIC_ORDERS = [("A-1", "eu", 40), ("A-2", "us", 250), ("A-3", "eu", 120), ("A-4", "apac", 15)]
+#: subscription -> (SQL filter, SQL action, the orders it must get); no filter
+#: keeps the ``$Default`` rule, which selects every message.
+TOPIC_SUBSCRIPTIONS: dict[str, tuple[str | None, str | None, list[str]]] = {
+    "eu": ("region = 'eu'", None, ["A-1", "A-3"]),
+    "big": ("amount >= 100", "SET priority = 'high'", ["A-2", "A-3"]),
+    "all": (None, None, ["A-1", "A-2", "A-3", "A-4"]),
+}
 LOCK_S = 2
 MAX_DELIVERY = 3
 #: How long to wait for a message that should be there.
@@ -76,6 +96,15 @@ class Outcome:
     outcome: str
 
 
+@dataclass
+class SubscriptionOutcome:
+    """What one subscription of TOPIC received, for the summary."""
+
+    name: str
+    rule: str
+    received: list[ServiceBusReceivedMessage]
+
+
 class Demo:
     """The paths, in order; each records its outcome and checks what it saw."""
 
@@ -85,6 +114,7 @@ class Demo:
         self.outcomes: list[Outcome] = []
         self.failures: list[str] = []
         self.receiver: ServiceBusReceiver | None = None
+        self.topic_outcomes: list[SubscriptionOutcome] = []
 
     # ----------------------------------------------------------------- checks
     def expect(self, ok: bool, what: str) -> bool:
@@ -211,10 +241,7 @@ class Demo:
         log.info("[batch] receive 5 messages, complete_messages(list) in one settlement")
         assert self.receiver is not None
         want = {f"batch-{i}" for i in range(1, 6)}
-        got: list[ServiceBusReceivedMessage] = []
-        deadline = time.monotonic() + WAIT_S
-        while len(got) < len(want) and time.monotonic() < deadline:
-            got += self.receiver.receive_messages(len(want) - len(got), max_wait_time=WAIT_S)
+        got = receive_count(self.receiver, len(want))
         ids = {m.message_id for m in got}
         if ids != want:
             raise DemoFailure(f"batch receive got {sorted(map(str, ids))}, "
@@ -252,10 +279,7 @@ class Demo:
                                   for i in range(1, 4)])
         with self.client.get_queue_receiver(
                 RAD_QUEUE, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
-            got: list[ServiceBusReceivedMessage] = []
-            deadline = time.monotonic() + WAIT_S
-            while len(got) < 3 and time.monotonic() < deadline:
-                got += receiver.receive_messages(3 - len(got), max_wait_time=WAIT_S)
+            got = receive_count(receiver, 3)
             self.expect(len(got) == 3, f"receive-and-delete got {len(got)} messages, expected 3")
             self.expect(all(m.lock_token is None for m in got),
                         "receive-and-delete messages carry lock tokens")
@@ -303,16 +327,43 @@ class Demo:
             self.record("time to live", message, "expired unreceived: TTLExpiredException")
         dlq.close()
 
+    def path_topic(self) -> None:
+        """Publish TOPIC_ORDERS once; each subscription gets what its rules
+        select, and ``big``'s action tags what it gets."""
+        log.info("[topic] %r: %d orders published once, subscriptions %s select them with "
+                 "SQL rules", TOPIC, len(TOPIC_ORDERS), ", ".join(TOPIC_SUBSCRIPTIONS))
+        self.admin.create_topic(TOPIC)
+        for name, (sql, action, _) in TOPIC_SUBSCRIPTIONS.items():
+            self.admin.create_subscription(TOPIC, name)
+            if sql is not None:  # the new rule first, so no message finds no rule
+                self.admin.create_rule(TOPIC, name, name, filter=SqlRuleFilter(sql),
+                                       action=SqlRuleAction(action) if action else None)
+                self.admin.delete_rule(TOPIC, name, "$Default")
+        with self.client.get_topic_sender(TOPIC) as sender:
+            sender.send_messages([_order(order_id, 1, region=region, amount=amount)
+                                  for order_id, region, amount in TOPIC_ORDERS])
+        for name, (sql, action, want) in TOPIC_SUBSCRIPTIONS.items():
+            with self.client.get_subscription_receiver(TOPIC, name) as receiver:
+                got = receive_count(receiver, len(want))
+                got += receiver.receive_messages(5, max_wait_time=QUIET_S)
+                receiver.complete_messages(got)
+            ids = sorted(str(m.message_id) for m in got)
+            self.expect(ids == want, f"subscription {name!r} received {ids}, expected {want}")
+            if action is not None:
+                untagged = [m.message_id for m in got
+                            if (m.application_properties or {}).get("priority") != "high"]
+                self.expect(not untagged, f"{name!r}: the action did not tag {untagged}")
+            rule = "; ".join(filter(None, [sql or "$Default (every message)", action]))
+            self.topic_outcomes.append(SubscriptionOutcome(name, rule, got))
+            log.info("  %s received %s", name, ", ".join(ids))
+
     def read_dead_letters(self) -> list[ServiceBusReceivedMessage]:
         """Peek-lock the dead-letter sub-queue, check the reasons, put them back."""
         log.info("[dead-letter sub-queue] receive %s/$deadletterqueue, abandon to keep them",
                  QUEUE)
         with self.client.get_queue_receiver(
                 QUEUE, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
-            got: list[ServiceBusReceivedMessage] = []
-            deadline = time.monotonic() + WAIT_S
-            while len(got) < 2 and time.monotonic() < deadline:
-                got += receiver.receive_messages(10, max_wait_time=WAIT_S)
+            got = receive_count(receiver, 2)
             extra = receiver.receive_messages(10, max_wait_time=QUIET_S)
             got += extra
             if got:
@@ -347,7 +398,17 @@ class Demo:
 
 
 # ------------------------------------------------------------------------- helpers
-def _order(message_id: str, quantity: int, **properties: str) -> ServiceBusMessage:
+def receive_count(receiver: ServiceBusReceiver, count: int) -> list[ServiceBusReceivedMessage]:
+    """Up to ``count`` messages, waiting at most WAIT_S in all (they may
+    arrive over several receives)."""
+    got: list[ServiceBusReceivedMessage] = []
+    deadline = time.monotonic() + WAIT_S
+    while len(got) < count and time.monotonic() < deadline:
+        got += receiver.receive_messages(count - len(got), max_wait_time=WAIT_S)
+    return got
+
+
+def _order(message_id: str, quantity: int, **properties: str | int) -> ServiceBusMessage:
     body = json.dumps({"order": message_id, "quantity": quantity})
     return ServiceBusMessage(body, message_id=message_id, content_type="application/json",
                              application_properties=properties)
@@ -361,15 +422,14 @@ def _show(body: bytes, width: int = 60) -> str:
     return text if text.isprintable() and len(text) <= width else repr(text[:width])
 
 
+def _tagged(message: ServiceBusReceivedMessage) -> str:
+    priority = (message.application_properties or {}).get("priority")
+    return str(message.message_id) + (f" (priority={priority})" if priority else "")
+
+
 def _counts(runtime: QueueRuntimeProperties) -> tuple[int, int, int, int]:
     return (runtime.active_message_count, runtime.dead_letter_message_count,
             runtime.deferred_message_count, runtime.locked_message_count)
-
-
-def format_table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(c) for c in column) for column in zip(headers, *rows, strict=True)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-                     for row in [headers, ["-" * w for w in widths], *rows])
 
 
 def check_java() -> None:
@@ -406,6 +466,13 @@ def print_summary(demo: Demo, dead: list[ServiceBusReceivedMessage],
                        [[str(m.sequence_number), str(m.message_id), str(m.delivery_count),
                          str(m.dead_letter_reason), str(m.dead_letter_error_description)]
                         for m in dead]))
+    print()
+    print(f"Topic {TOPIC!r}: {len(TOPIC_ORDERS)} orders published once "
+          f"({', '.join(f'{o} {r} {a}' for o, r, a in TOPIC_ORDERS)})")
+    print(format_table(["SUBSCRIPTION", "RULE", "RECEIVED (application property set by the "
+                        "rule's action)"],
+                       [[o.name, o.rule, ", ".join(_tagged(m) for m in o.received)]
+                        for o in demo.topic_outcomes]))
     print()
     print("Runtime counts (get_queue_runtime_properties)")
     print(format_table(["QUEUE", "ACTIVE", "DEAD-LETTER", "DEFERRED", "LOCKED"],
@@ -477,8 +544,8 @@ def drive(conn: str) -> int:
         admin.create_queue(RAD_QUEUE)
         admin.create_queue(LIFE_QUEUE, requires_duplicate_detection=True,
                            dead_lettering_on_message_expiration=True)
-        log.info("created queues %r (lock %d s, max delivery %d) and %r", QUEUE, LOCK_S,
-                 MAX_DELIVERY, RAD_QUEUE)
+        log.info("created queues %r (lock %d s, max delivery %d), %r and %r", QUEUE, LOCK_S,
+                 MAX_DELIVERY, RAD_QUEUE, LIFE_QUEUE)
         demo.send_workload()
         with client.get_queue_receiver(QUEUE) as demo.receiver:
             for path in (demo.path_complete, demo.path_abandon, demo.path_dead_letter,
@@ -488,6 +555,7 @@ def drive(conn: str) -> int:
             demo.expect_nothing(f"every message of {QUEUE!r} is settled or dead-lettered")
         demo.path_receive_and_delete()
         demo.path_lifecycle()
+        demo.path_topic()
         dead = demo.read_dead_letters()
         counts = demo.runtime_counts()
         print_summary(demo, dead, counts)

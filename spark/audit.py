@@ -3,8 +3,10 @@ event stream, checked against the engine's compacted state topic.
 
 Spark batch job. For each entity partition it
 
-1. lists the messages of the raw log (``NS.queue.ENTITY``): every offset is a
-   message, ``active`` until an event says otherwise;
+1. lists the messages of the raw log (``NS.queue.ENTITY``; a subscription's
+   is its topic's log from where the subscription began): every offset is a
+   message, ``active`` until an event says otherwise (a subscription's
+   ``filtered`` event settles what its rules did not select);
 2. folds the settlement events of each offset in the order the engine
    published them (one events partition per window, so record order is
    command order), dropping repeats of a command re-processed after a crash;
@@ -47,7 +49,7 @@ from topics.connection import ConnectionSettings, parse_connection_string
 
 #: events that settle a message for good
 TERMINAL = frozenset({"completed", "received_and_deleted", "expired", "cancelled",
-                      "duplicate", "forwarded"})
+                      "duplicate", "forwarded", "filtered"})
 #: events that move a message into a parked state
 PARKING = {"dead_lettered": "dead_letter", "transfer_dead_lettered": "transfer_dead_letter",
            "deferred": "deferred", "scheduled": "scheduled"}

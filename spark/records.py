@@ -62,9 +62,34 @@ def read_events(spark: SparkSession, settings: ConnectionSettings,
 
 def read_entity_logs(spark: SparkSession, settings: ConnectionSettings,
                      entities: list[str]) -> DataFrame:
-    """The raw message logs of ``entities`` (batch), with an ``entity`` column."""
-    topics = {names.entity_log(settings.namespace, e): e for e in entities}
-    raw = read_kafka(spark, settings.bootstrap_servers, list(topics),
+    """The raw message logs of ``entities`` (batch), with an ``entity``
+    column. Queues read their own log; each subscription reads its topic's
+    from where the subscription began (what was published before is not its)."""
+    logs = {entity: names.entity_log(settings.namespace, entity) for entity in entities}
+    raw = read_kafka(spark, settings.bootstrap_servers, sorted(set(logs.values())),
                      security=settings.security)
-    mapping = F.create_map(*[F.lit(x) for pair in topics.items() for x in pair])
-    return raw.withColumn("entity", mapping[F.col("topic")])
+    owners = spark.createDataFrame([(topic, entity) for entity, topic in logs.items()],
+                                   "topic string, entity string")
+    rows = raw.join(F.broadcast(owners), "topic")
+    begins = _subscription_begins(settings, entities)
+    if not begins:
+        return rows
+    begin = spark.createDataFrame(begins, "entity string, partition int, begin long")
+    return (rows.join(F.broadcast(begin), ["entity", "partition"], "left")
+            .where(F.col("begin").isNull() | (F.col("offset") >= F.col("begin")))
+            .drop("begin"))
+
+
+def _subscription_begins(settings: ConnectionSettings, entities: list[str]
+                         ) -> list[tuple[str, int, int]]:
+    """``(subscription, partition, first offset)`` of the subscriptions among ``entities``."""
+    from settlement._entities import EntityRegistry
+    from settlement._topic_properties import SubscriptionProperties
+
+    wanted = {e for e in entities if names.SUBSCRIPTIONS in e}
+    if not wanted:
+        return []
+    found = EntityRegistry(settings).load_all()
+    return [(path, partition, offset) for path in sorted(wanted)
+            if isinstance(sub := found.get(path), SubscriptionProperties)
+            for partition, offset in enumerate(sub.begin_offsets)]

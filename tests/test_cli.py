@@ -1,18 +1,24 @@
 """The ``settlement`` command line, run in-process through ``main([...])``.
 
 Uses the session fixtures of ``conftest.py``: ``conn`` (a namespace with a
-running engine worker) and ``queue_name`` (a unique name, not yet created).
+running engine worker) and ``queue_name`` (a unique name, not yet created;
+the topic tests use it as the topic's name).
 """
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from settlement.cli import ENV_CONNECTION_STRING, main
+from settlement.admin_cli import correlation_filter, entity_options
+from settlement.cli import ENV_CONNECTION_STRING, UsageError, build_parser, main
+from settlement.management import CorrelationRuleFilter
 
 COMMANDS = [
-    [], ["broker"], ["worker"], ["queue"], ["queue", "create"], ["queue", "list"],
-    ["queue", "show"], ["queue", "delete"], ["send"], ["receive"], ["dlq"],
+    [], ["broker"], ["worker"], ["send"], ["receive"], ["dlq"],
+    *([group, *command] for group in ("queue", "topic", "subscription", "rule")
+      for command in ([], ["create"], ["list"], ["show"], ["delete"])),
 ]
 
 
@@ -30,6 +36,16 @@ def shown(out: str) -> dict[str, str]:
 
 def message_lines(out: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith("seq=")]
+
+
+def received(out: str) -> dict[str, dict[str, object]]:
+    """``receive`` output: the application properties of each message id."""
+    found = {}
+    for line in message_lines(out):
+        fields = dict(part.split("=", 1) for part in line.split(" ")
+                      if part.startswith(("id=", "properties=")))
+        found[fields["id"]] = json.loads(fields["properties"])
+    return found
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "settlement")
@@ -174,3 +190,195 @@ def test_queue_create_with_lifecycle_options_and_show(conn: str, queue_name: str
     assert fields["requires_duplicate_detection"] == "True"
     assert fields["dead_lettering_on_message_expiration"] == "True"
     assert fields["scheduled_message_count"] == "0" and fields["total_message_count"] == "0"
+
+
+# ------------------------------------------------------- topics, subscriptions, rules
+def make_topic(capsys: pytest.CaptureFixture[str], conn: str, topic: str,
+               subscription: str = "s") -> None:
+    """Create ``topic`` with one subscription (its ``$Default`` rule takes everything)."""
+    cs = ["--connection-string", conn]
+    assert run(capsys, "topic", "create", topic, *cs)[0] == 0
+    assert run(capsys, "subscription", "create", topic, subscription, *cs)[0] == 0
+
+
+def order_args(topic: str, message_id: str, region: str, amount: int) -> list[str]:
+    return ["send", topic, f"order {message_id}", "--message-id", message_id,
+            "--property", f"region={region}", "--property", f"amount={amount}"]
+
+
+def test_topic_subscriptions_and_sql_rules_route_what_send_publishes(
+        conn: str, queue_name: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_CONNECTION_STRING, conn)
+    topic = queue_name
+    code, out, err = run(capsys, "topic", "create", topic, "--partitions", "2")
+    assert code == 0, err
+    assert f"created topic {topic!r}" in out and "partition_count=2" in out
+    for sub in ("eu", "big"):
+        code, out, err = run(capsys, "subscription", "create", topic, sub, "--lock-duration",
+                             "5", "--max-delivery-count", "3")
+        assert code == 0, err
+        assert f"'{topic}/subscriptions/{sub}'" in out and "lock_duration=5s" in out
+    code, _, err = run(capsys, "rule", "create", topic, "eu", "in-eu", "--sql",
+                       "region = 'eu'")
+    assert code == 0, err
+    assert "'$Default' still selects every message" in err  # the hint
+    code, _, err = run(capsys, "rule", "create", topic, "big", "big", "--sql", "amount >= 100",
+                       "--action", "SET priority = 'high'")
+    assert code == 0, err
+    for sub in ("eu", "big"):
+        assert run(capsys, "rule", "delete", topic, sub, "$Default")[0] == 0
+    code, out, err = run(capsys, "rule", "list", topic, "big")
+    assert code == 0, err
+    [row] = out.splitlines()[2:]
+    assert row.split(None, 1) == ["big", "sql: amount >= 100  SET priority = 'high'"]
+
+    for message_id, region, amount in [("o1", "eu", 50), ("o2", "us", 150),
+                                       ("o3", "eu", 500), ("o4", "us", 20)]:
+        code, out, err = run(capsys, *order_args(topic, message_id, region, amount))
+        assert code == 0, err
+        assert out.strip() == f"sent 1 message(s) to topic {topic!r}"
+
+    code, out, err = run(capsys, "topic", "show", topic)
+    assert code == 0, err
+    fields = shown(out)
+    assert fields["subscription_count"] == "2" and fields["subscriptions"] == "big, eu"
+    code, out, err = run(capsys, "subscription", "show", topic, "eu")
+    assert code == 0, err
+    fields = shown(out)
+    assert fields["path"] == f"{topic}/subscriptions/eu" and fields["rules"] == "in-eu"
+    assert fields["active_message_count"] == "2" and fields["max_delivery_count"] == "3"
+
+    code, out, err = run(capsys, "receive", f"{topic}/subscriptions/eu", "--max", "10",
+                         "--wait", "15")
+    assert code == 0, err
+    assert received(out) == {"o1": {"region": "eu", "amount": 50},
+                             "o3": {"region": "eu", "amount": 500}}
+    code, out, err = run(capsys, "receive", f"{topic}/subscriptions/big", "--max", "10",
+                         "--wait", "15")
+    assert code == 0, err
+    assert received(out) == {"o2": {"region": "us", "amount": 150, "priority": "high"},
+                             "o3": {"region": "eu", "amount": 500, "priority": "high"}}
+    code, out, err = run(capsys, "subscription", "show", topic, "big")
+    assert code == 0, err
+    assert shown(out)["total_message_count"] == "0"
+
+    code, out, err = run(capsys, "subscription", "delete", topic, "eu")
+    assert code == 0, err
+    code, out, err = run(capsys, "subscription", "list", topic)
+    assert code == 0, err
+    assert [line.split()[0] for line in out.splitlines()[2:]] == ["big"]
+    code, out, err = run(capsys, "topic", "delete", topic)
+    assert code == 0, err
+    assert out.strip() == f"deleted topic {topic!r} with its subscriptions"
+    code, out, _ = run(capsys, "topic", "list")
+    assert code == 0 and topic not in out
+    code, _, err = run(capsys, "topic", "show", topic)
+    assert code == 2 and f"'settlement topic create {topic}'" in err
+
+
+def test_rule_create_refuses_invalid_sql_with_its_position(
+        conn: str, queue_name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    cs = ["--connection-string", conn]
+    make_topic(capsys, conn, queue_name)
+    code, out, err = run(capsys, "rule", "create", queue_name, "s", "bad", "--sql",
+                         "amount >>= 100", *cs)
+    assert code == 2 and out == ""
+    lines = err.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("error: "))
+    first, source, caret = lines[at:at + 3]
+    assert first.startswith("error: the SQL filter of rule 'bad' is invalid: ")
+    assert "line 1, column 9" in first
+    assert source.strip() == "amount >>= 100" and caret.index("^") == source.index(">=")
+    assert "Traceback" not in err
+
+    code, _, err = run(capsys, "rule", "create", queue_name, "s", "bad", "--true",
+                       "--action", "SET sys.label = 'x'", *cs)
+    assert code == 2
+    assert err.startswith("error: the SQL action of rule 'bad' is invalid: ")
+    code, out, err = run(capsys, "rule", "list", queue_name, "s", *cs)
+    assert code == 0, err
+    assert [line.split()[0] for line in out.splitlines()[2:]] == ["$Default"]
+
+
+def test_correlation_rule_selects_by_subject_and_property(
+        conn: str, queue_name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    cs = ["--connection-string", conn]
+    make_topic(capsys, conn, queue_name)
+    code, _, err = run(capsys, "rule", "create", queue_name, "s", "eu-orders", "--correlation",
+                       "subject=order", "--correlation", "region=eu", *cs)
+    assert code == 0, err
+    assert run(capsys, "rule", "delete", queue_name, "s", "$Default", *cs)[0] == 0
+    code, out, err = run(capsys, "rule", "show", queue_name, "s", "eu-orders", *cs)
+    assert code == 0, err
+    assert shown(out)["filter"] == "correlation: subject='order', region='eu'"
+
+    for body, subject, region in [("a", "order", "eu"), ("b", "refund", "eu"),
+                                  ("c", "order", "us")]:
+        assert run(capsys, "send", queue_name, body, "--message-id", body, "--subject", subject,
+                   "--property", f"region={region}", *cs)[0] == 0
+    code, out, err = run(capsys, "receive", f"{queue_name}/subscriptions/s", "--max", "5",
+                         "--wait", "15", *cs)
+    assert code == 0, err
+    assert list(received(out)) == ["a"]
+
+
+def test_dlq_of_a_subscription_lists_and_purges_but_refuses_resubmit(
+        conn: str, queue_name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    cs = ["--connection-string", conn]
+    path = f"{queue_name}/subscriptions/s"
+    make_topic(capsys, conn, queue_name)
+    assert run(capsys, "send", queue_name, "poison", "--message-id", "p-1", *cs)[0] == 0
+    code, out, err = run(capsys, "receive", path, "--wait", "15", "--settle", "dead-letter",
+                         "--reason", "BadPayload", *cs)
+    assert code == 0, err
+    assert message_lines(out)[0].endswith("settled=dead-lettered")
+
+    code, out, err = run(capsys, "dlq", path, *cs)
+    assert code == 0, err
+    [line] = message_lines(out)
+    assert "reason=BadPayload" in line and "id=p-1" in line
+    code, _, err = run(capsys, "dlq", "resubmit", path, *cs)
+    assert code == 2
+    assert "has no log of its own" in err and "every subscription" in err
+    code, out, err = run(capsys, "dlq", "purge", path, *cs)
+    assert code == 0, err
+    assert f"purged 1 dead letter(s) of {path!r}" in out
+    code, out, err = run(capsys, "subscription", "show", queue_name, "s", *cs)
+    assert code == 0, err
+    assert shown(out)["dead_letter_message_count"] == "0"
+
+
+def test_send_and_receive_say_what_to_use_instead(
+        conn: str, queue_name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    cs = ["--connection-string", conn]
+    code, _, err = run(capsys, "send", queue_name, "x", *cs)
+    assert code == 2
+    assert f"'settlement queue create {queue_name}'" in err
+    assert f"'settlement topic create {queue_name}'" in err
+    make_topic(capsys, conn, queue_name)
+    code, _, err = run(capsys, "send", f"{queue_name}/subscriptions/s", "x", *cs)
+    assert code == 2 and f"send to its topic {queue_name!r}" in err
+    for command in (["receive", queue_name], ["dlq", queue_name]):
+        code, _, err = run(capsys, *command, *cs)
+        assert code == 2 and f"'{queue_name}/subscriptions/SUB'" in err
+
+
+def test_correlation_keys_name_system_or_application_properties() -> None:
+    assert correlation_filter(["subject=order", "amount=100", "user.to=x", "sys.to=y"]) == (
+        CorrelationRuleFilter(subject="order", to="y", properties={"amount": 100, "to": "x"}))
+    with pytest.raises(UsageError, match="user.nope"):
+        correlation_filter(["sys.nope=1"])
+    with pytest.raises(UsageError, match="KEY=VALUE"):
+        correlation_filter(["subject"])
+
+
+def test_create_options_map_to_the_administration_keywords() -> None:
+    args = build_parser().parse_args(["queue", "create", "q", "--duplicate-detection",
+                                      "--lock-duration", "5", "--forward-to", "other"])
+    assert entity_options(args) == {
+        "lock_duration": 5.0, "forward_to": "other", "requires_duplicate_detection": True,
+        "duplicate_detection_history_time_window": 600.0}
+    args = build_parser().parse_args(["subscription", "create", "t", "s",
+                                      "--no-dead-letter-on-filter-errors"])
+    assert entity_options(args) == {"dead_lettering_on_filter_evaluation_exceptions": False}

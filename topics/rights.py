@@ -8,9 +8,10 @@ prefixed ACLs alone: a principal given rights on namespace A has no ACL that
 names a topic of B.
 
 =========  ==================================================================
-Send       write the entity's log; write commands (scheduled messages and
+Send       write the entity's log (a queue's or a topic's); write commands (scheduled messages and
            time to live are announced to the engine) and read their replies
-Listen     read the entity's log; write commands (acquire, settle...) and
+Listen     read the entity's log (a subscription's is its topic's); write
+           commands (acquire, settle...) and
            read their replies
 Manage     Send and Listen on every entity, write the namespace's entity
            definitions, create the namespace's topics, configure and delete
@@ -62,8 +63,7 @@ def acl_bindings(namespace: str, principal: str, right: str, entity: str | None 
         raise RightsError("Manage is a right on a namespace (entity definitions are one topic "
                           "per namespace): leave out the entity")
     names.validate_namespace(namespace)
-    log = ((names.entity_log(namespace, entity), _LITERAL) if entity is not None
-           else (f"{namespace}.queue.", _PREFIXED))
+    logs = _logs(namespace, entity)
     bindings = [
         (ResourceType.TOPIC, names.entities(namespace), _LITERAL, (_READ, _DESCRIBE)),
         (ResourceType.TOPIC, names.commands(namespace), _LITERAL, (_WRITE, _DESCRIBE)),
@@ -71,19 +71,32 @@ def acl_bindings(namespace: str, principal: str, right: str, entity: str | None 
         (ResourceType.GROUP, client_group_prefix(namespace), _PREFIXED, (_READ, _DESCRIBE)),
         (ResourceType.BROKER, "kafka-cluster", _LITERAL, (AclOperation.DESCRIBE_CONFIGS,)),
     ]
-    if right in ("Send", "Manage"):
-        bindings.append((ResourceType.TOPIC, *log, (_WRITE, _DESCRIBE)))
-    if right in ("Listen", "Manage"):
-        bindings.append((ResourceType.TOPIC, *log, (_READ, _DESCRIBE)))
+    for log in logs:
+        if right in ("Send", "Manage"):
+            bindings.append((ResourceType.TOPIC, *log, (_WRITE, _DESCRIBE)))
+        if right in ("Listen", "Manage"):
+            bindings.append((ResourceType.TOPIC, *log, (_READ, _DESCRIBE)))
     if right == "Manage":
         bindings += [
             (ResourceType.TOPIC, names.entities(namespace), _LITERAL, (_WRITE,)),
             # the namespace's topics are provisioned by whoever comes first
             (ResourceType.TOPIC, f"{namespace}.", _PREFIXED, (AclOperation.CREATE, _DESCRIBE)),
-            (ResourceType.TOPIC, *log, (AclOperation.DELETE, AclOperation.ALTER_CONFIGS,
-                                        AclOperation.DESCRIBE_CONFIGS)),
         ]
+        bindings += [(ResourceType.TOPIC, *log, (AclOperation.DELETE, AclOperation.ALTER_CONFIGS,
+                                                 AclOperation.DESCRIBE_CONFIGS)) for log in logs]
     return _expand(principal, bindings)
+
+
+def _logs(namespace: str, entity: str | None) -> list[tuple[str, ResourcePatternType]]:
+    """The logs a right on ``entity`` (or on every entity) covers. Queues and
+    topics share one namespace of names, so a right on a name covers the log
+    of whichever it is; a subscription's log is its topic's."""
+    if entity is None:
+        return [(f"{namespace}.queue.", _PREFIXED), (f"{namespace}.topic.", _PREFIXED)]
+    if names.SUBSCRIPTIONS in entity:
+        return [(names.entity_log(namespace, entity), _LITERAL)]
+    return [(names.entity_log(namespace, entity), _LITERAL),
+            (names.topic_log(namespace, entity), _LITERAL)]
 
 
 def engine_acl_bindings(namespace: str, principal: str) -> list[AclBinding]:
