@@ -43,6 +43,7 @@ OUTCOMES = {
     "deferred": ("deferred", "#72b7b2"),
     "expired": ("expired", "#9d755d"),
     "duplicate": ("duplicate", "#ff9da6"),
+    "filtered": ("not selected by the rules", "#bab0ac"),
 }
 #: Outcomes that get a column in the totals table (the rest only in charts).
 TABLE_OUTCOMES = ["enqueued", "completed", "abandoned", "lock_expired", "dead_lettered",

@@ -322,3 +322,33 @@ def test_topic_messages_carry_the_wire_format_headers(
     headers = dict(record.headers())
     assert headers["message-id"] == b"o7" and headers["subject"] == b"order"
     assert json.loads(headers["application-properties"]) == {"region": "eu", "amount": 1}
+
+
+def test_a_subscriptions_time_to_live_dead_letters_what_it_did_not_settle_in_time(
+        client: ServiceBusClient, admin: ServiceBusAdministrationClient, topic: str,
+        subscribe: Subscribe) -> None:
+    subscribe("short", default_message_time_to_live=2, dead_lettering_on_message_expiration=True)
+    subscribe("long")
+    _publish(client, topic, ServiceBusMessage("x", message_id="x"))
+    deadline = time.monotonic() + 20
+    while admin.get_subscription_runtime_properties(
+            topic, "short").dead_letter_message_count == 0 and time.monotonic() < deadline:
+        time.sleep(0.5)  # expired by the engine's own timer, with no receiver
+    dead = _drain(client, topic, "short", sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+    assert [(m.message_id, m.dead_letter_reason) for m in dead] == [("x", "TTLExpiredException")]
+    assert [m.message_id for m in _drain(client, topic, "long")] == ["x"]
+
+
+def test_a_subscription_forwards_to_another_topic(
+        client: ServiceBusClient, admin: ServiceBusAdministrationClient, topic: str,
+        subscribe: Subscribe) -> None:
+    downstream = f"{topic}-next"
+    admin.create_topic(downstream)
+    admin.create_subscription(downstream, "in", lock_duration=30)
+    subscribe("fwd", forward_to=downstream)
+    _publish(client, topic, _order(1, "eu", 1))
+    got = []
+    deadline = time.monotonic() + 20
+    while not got and time.monotonic() < deadline:
+        got = _drain(client, downstream, "in", wait=1)
+    assert [m.message_id for m in got] == ["o1"]
