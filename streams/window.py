@@ -650,6 +650,9 @@ class InflightWindow:
             "transfer_dead_letter": count(TRANSFER_DEAD, TRANSFER_DEAD_LOCKED),
             "scheduled": count(SCHEDULED),
             "start": self.start, "next": self.next, "hw": self.hw,
+            # how far the log scanner has read (None: not scanned): counts of
+            # a filtered subscription are final up to here
+            "scanned": self.scanned,
         }
 
     def summary(self) -> dict[str, Any]:

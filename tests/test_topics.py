@@ -142,6 +142,9 @@ def test_a_message_published_once_reaches_each_matching_subscription_once(
     orders = [_order(0, "eu", 50), _order(1, "us", 150), _order(2, "eu", 500),
               _order(3, "us", 5)]
     _publish(client, topic, *orders)
+    # Counted as soon as the send returned: only what the rules select.
+    assert admin.get_subscription_runtime_properties(topic, "big").active_message_count == 2
+    assert admin.get_subscription_runtime_properties(topic, "none").active_message_count == 0
 
     def ids(sub: str) -> list[str]:
         return sorted(m.message_id for m in _drain(client, topic, sub))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -27,10 +28,13 @@ from settlement.management._queue_size import queue_size_in_bytes
 from settlement.management._topics import TopicAdministration, updated
 from settlement.management._validation import as_timedeltas, validated, validated_log
 from topics import names, specs
+from topics.commands import Reply
 from topics.connection import ConnectionSettings, parse_connection_string
 from topics.offsets import log_end_offsets
 
 log = logging.getLogger(__name__)
+#: how long runtime counts wait for the log scanner to reach the log end
+_SCAN_WAIT_S = 3.0
 
 
 class ServiceBusAdministrationClient(TopicAdministration):
@@ -141,8 +145,7 @@ class ServiceBusAdministrationClient(TopicAdministration):
         finally:
             consumer.close()
         link = self._engine()
-        replies = link.call_many([link.command("stats", props.path, p, hw=ends[(topic, p)])
-                                  for p in range(props.partition_count)])
+        replies = self._settled_stats(link, props, topic, ends)
         for reply in replies:
             if not reply.ok:
                 raise ServiceBusError(reply.error_message, error_code=reply.error_code)
@@ -157,6 +160,22 @@ class ServiceBusAdministrationClient(TopicAdministration):
             log_ends = {p: ends[(topic, p)] for p in range(props.partition_count)}
             runtime.size_in_bytes = queue_size_in_bytes(self._settings, link, props, log_ends,
                                                         runtime.total_message_count)
+
+    def _settled_stats(self, link: EngineLink, props: QueueProperties | SubscriptionProperties,
+                       topic: str, ends: dict[tuple[str, int], int]) -> list[Reply]:
+        """Each window's stats once its log scanner has read up to the log
+        end (waiting up to :data:`_SCAN_WAIT_S`): before that, a filtered
+        subscription would count messages its rules may not select."""
+        deadline = time.monotonic() + _SCAN_WAIT_S
+        while True:
+            replies = link.call_many([link.command("stats", props.path, p,
+                                                   hw=ends[(topic, p)])
+                                      for p in range(props.partition_count)])
+            behind = [r for r in replies if r.ok and r.result.get("scanned") is not None
+                      and r.result["scanned"] < r.result["hw"]]
+            if not behind or time.monotonic() > deadline:
+                return replies
+            time.sleep(0.05)
 
     def _engine(self) -> EngineLink:
         if self._link is None:
