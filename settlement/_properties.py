@@ -79,9 +79,13 @@ def definition_json(kind: str, definition: Any) -> bytes:
     return json.dumps(body).encode()
 
 
-def from_definition(cls: Any, body: dict[str, Any]) -> Any:
+def from_definition(cls: Any, body: Any) -> Any:
     """The dataclass ``cls`` from its stored form; fields it does not know
-    (written by a newer version) are left out."""
+    (written by a newer version) are left out. Anything malformed (not an
+    object, a missing name, a field of the wrong type) raises ValueError:
+    readers of the entities topic skip such a record and go on."""
+    if not isinstance(body, dict):
+        raise ValueError("a definition must be a JSON object")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     values: dict[str, Any] = {}
     for key, value in body.items():
@@ -93,7 +97,33 @@ def from_definition(cls: Any, body: dict[str, Any]) -> Any:
         elif "datetime" in kind and isinstance(value, str):
             value = dt.datetime.fromisoformat(value)
         values[key] = value
-    return cls(**values)
+    try:
+        made = cls(**values)
+    except TypeError as exc:
+        raise ValueError(f"not a {cls.__name__}: {exc}") from None
+    for field_ in dataclasses.fields(cls):
+        value = getattr(made, field_.name)
+        if not _of_type(value, str(field_.type)):
+            raise ValueError(f"{cls.__name__}.{field_.name} is {value!r}, not {field_.type}")
+    return made
+
+
+def _of_type(value: Any, annotation: str) -> bool:
+    """Whether a stored value fits a field's annotation (the few kinds
+    definitions use)."""
+    if value is None:
+        return "None" in annotation
+    base = annotation.split("|")[0].strip()
+    expected: dict[str, type | tuple[type, ...]] = {
+        "dt.timedelta": dt.timedelta, "dt.datetime": dt.datetime, "bool": bool, "str": str,
+        "int": int, "list[int]": list}
+    if base not in expected or not isinstance(value, expected[base]):
+        return False
+    if base == "int":
+        return not isinstance(value, bool)
+    if base == "list[int]":
+        return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    return True
 
 
 @dataclass

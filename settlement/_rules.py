@@ -142,9 +142,13 @@ class RuleProperties:
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> RuleProperties:
-        spec = RuleSpec.from_dict(body)
-        action = None if spec.action is None else SqlRuleAction(
-            spec.action["expression"], spec.action.get("parameters"))
-        created = body.get("created_at_utc")
-        return cls(spec.name, filter_from_spec(spec.filter), action,
-                   dt.datetime.fromisoformat(created) if created else dt.datetime.now(dt.UTC))
+        """A stored rule; ValueError for anything malformed."""
+        try:
+            spec = RuleSpec.from_dict(body)
+            action = None if spec.action is None else SqlRuleAction(
+                spec.action["expression"], spec.action.get("parameters"))
+            created = body.get("created_at_utc")
+            return cls(spec.name, filter_from_spec(spec.filter), action,
+                       dt.datetime.fromisoformat(created) if created else dt.datetime.now(dt.UTC))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a rule: {exc!r}") from None

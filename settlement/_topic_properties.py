@@ -156,6 +156,8 @@ def load_definition(raw: bytes) -> Definition:
     """Any definition of the entities topic, by its ``kind`` (queues written
     before topics existed carry none)."""
     body = json.loads(raw)
+    if not isinstance(body, dict):
+        raise ValueError("a definition must be a JSON object")
     kind = body.get("kind", "queue")
     if kind == "topic":
         return from_definition(TopicProperties, body)
