@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-scale lint clean java chromium maven
+.PHONY: demo test bench bench-scale bench-topics lint clean java chromium maven
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,11 @@ bench: $(STAMP) java maven
 # scales with what is in flight (a million dead letters, a million backlog)
 bench-scale: $(STAMP) java maven
 	$(BIN)/python -m bench.scale --broker $(BROKER) $(ARGS)
+
+# make bench-topics [BROKER=embedded|kafka] [ARGS="--messages 50000"]: one topic,
+# 10 subscriptions with SQL filters selecting 10% each, beside a plain queue
+bench-topics: $(STAMP) java maven
+	$(BIN)/python -m bench.topics --broker $(BROKER) $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

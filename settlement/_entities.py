@@ -44,6 +44,7 @@ class EntityRegistry:
         self._topic = names.entities(settings.namespace)
         self._cache: dict[str, Definition] = {}
         self._loaded_at = 0.0
+        self._producer: Producer | None = None
 
     def load_all(self) -> dict[str, Definition]:
         """Every definition by key; none in a namespace never provisioned."""
@@ -176,8 +177,10 @@ class EntityRegistry:
     def put(self, props: Definition | None, name: str) -> int:
         """Write (or with None, delete) a definition; returns its offset, which
         is the version of the queue's policy."""
-        producer = Producer({**self._settings.kafka_config(), "acks": "all",
-                             "enable.idempotence": True})
+        if self._producer is None:  # kept: a new idempotent producer's first send is slow
+            self._producer = Producer({**self._settings.kafka_config(), "acks": "all",
+                                       "enable.idempotence": True, "linger.ms": 0})
+        producer = self._producer
         written: list[int] = []
         errors: list[KafkaError] = []
 

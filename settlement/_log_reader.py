@@ -10,6 +10,7 @@ trusted for that on every broker; see ``topics.offsets``).
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -24,7 +25,8 @@ _AHEAD_LIMIT = 10_000
 
 
 class PartitionReader:
-    """Fetches records of one partition by offset and tracks its log end."""
+    """Fetches records of one partition by offset and tracks its log end.
+    Thread-safe: a receiver's read-ahead reads from another thread."""
 
     def __init__(self, settings: ConnectionSettings, topic: str, partition: int) -> None:
         self._tp = TopicPartition(topic, partition)
@@ -40,9 +42,14 @@ class PartitionReader:
         self._consumer.assign([TopicPartition(topic, partition, self._position)])
         self._ahead: dict[int, Message] = {}
         self._hw = OFFSET_UNKNOWN
+        self._lock = threading.RLock()
 
     def high_watermark(self, timeout: float = 5.0) -> int:
         """The log end seen in the latest fetch response (waits for the first)."""
+        with self._lock:
+            return self._high_watermark(timeout)
+
+    def _high_watermark(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
         while True:
             self._refresh_hw()
@@ -58,6 +65,10 @@ class PartitionReader:
     def read(self, offsets: list[int], timeout: float = 10.0) -> dict[int, Message | None]:
         """Records at ``offsets``; an offset that holds no record (a gap left by
         a transaction marker, say) maps to None."""
+        with self._lock:
+            return self._read(offsets, timeout)
+
+    def _read(self, offsets: list[int], timeout: float) -> dict[int, Message | None]:
         found: dict[int, Message | None] = {}
         for o in offsets:
             if o in self._ahead:
@@ -117,4 +128,5 @@ class PartitionReader:
         self._position = offset
 
     def close(self) -> None:
-        self._consumer.close()
+        with self._lock:
+            self._consumer.close()

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from settlement import _read_ahead as read_ahead
 from settlement import _wire
 from settlement._engine_link import EngineLink
 from settlement._log_reader import PartitionReader
@@ -101,6 +102,9 @@ class ServiceBusReceiver:
         self._turn = itertools.cycle(range(props.partition_count))
         self._peek_from = (0, 0)
         self._closed = False
+        self._read_ahead = (read_ahead.ReadAhead(self._receive_round, self._release)
+                            if self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK
+                            and self._sub == "active" else None)
 
     # ----------------------------------------------------------------- receive
     def receive_messages(self, max_message_count: int | None = 1,
@@ -110,6 +114,15 @@ class ServiceBusReceiver:
         when both are None, waits until a message arrives)."""
         self._check_open()
         want = max(1, max_message_count or 1)
+        got = self._fresh(self._read_ahead.take(want)) if self._read_ahead else []
+        if not got:
+            got = self._wait_for_messages(want, max_wait_time)
+        if self._read_ahead and want >= read_ahead.MIN_BATCH and len(got) == want:
+            self._read_ahead.start(want)  # busy: lock the next batch meanwhile
+        return got
+
+    def _wait_for_messages(self, want: int, max_wait_time: float | None
+                           ) -> list[ServiceBusReceivedMessage]:
         wait = self._max_wait_time if max_wait_time is None else max_wait_time
         deadline = None if wait is None else time.monotonic() + wait
         pause = 0.005
@@ -120,6 +133,17 @@ class ServiceBusReceiver:
             remaining = 0.2 if deadline is None else deadline - time.monotonic()
             time.sleep(max(0.0, min(pause, remaining)))
             pause = min(pause * 2, 0.2)
+
+    def _fresh(self, batch: list[ServiceBusReceivedMessage]) -> list[ServiceBusReceivedMessage]:
+        """A batch read ahead, if at least half of its locks' time is left;
+        otherwise it goes back (the application took long over the last one)."""
+        if not batch or batch[0].locked_until_utc is None:
+            return batch
+        left = batch[0].locked_until_utc - dt.datetime.now(dt.UTC)
+        if left >= self._props.lock_duration / 2:
+            return batch
+        self._release(batch)
+        return []
 
     def _receive_round(self, want: int) -> list[ServiceBusReceivedMessage]:
         got: list[ServiceBusReceivedMessage] = []
@@ -392,6 +416,8 @@ class ServiceBusReceiver:
             raise ValueError("the receiver is closed: create a new one from the client")
 
     def close(self) -> None:
+        if self._read_ahead is not None and not self._closed:
+            self._read_ahead.close()
         self._closed = True
         for reader in self._readers.values():
             reader.close()

@@ -15,6 +15,7 @@ itself (first occurrence wins), so it survives a restart unchanged.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -55,6 +56,9 @@ class LogScanner:
         #: topic each read the topic's log at their own pace)
         self._consumers: dict[str, Consumer] = {}
         self._positions: dict[str, int] = {}
+        #: per log partition, the records its last read returned (at most
+        #: MAX_RECORDS: bounded by the number of scanned log partitions)
+        self._recent: dict[tuple[str, int], list[Message]] = {}
         #: window key -> message id -> (offset, enqueued ms), oldest first
         self._seen: dict[str, OrderedDict[str, tuple[int, int]]] = {}
         #: window key -> (accepted up to, when sent): an accept not yet applied
@@ -78,6 +82,7 @@ class LogScanner:
             self._sent.clear()
             self._dead_sent.clear()
             self._positions.clear()
+            self._recent.clear()
 
     def _scan(self, window: InflightWindow) -> Command | None:
         assert window.scanned is not None
@@ -192,6 +197,8 @@ class LogScanner:
 
     def _read(self, key: str, tp: tuple[str, int], start: int, until: int | None = None
               ) -> list[Message]:
+        if until is None and (recent := self._recently_read(tp, start)):
+            return recent
         consumer = self._consumer(key)
         if self._positions.get(key) != start:
             consumer.assign([TopicPartition(*tp, start)])
@@ -201,7 +208,19 @@ class LogScanner:
             records = [r for r in records if r.offset() < until]
         if records:
             self._positions[key] = records[-1].offset() + 1
+            if until is None:
+                self._recent[tp] = records
         return records
+
+    def _recently_read(self, tp: tuple[str, int], start: int) -> list[Message]:
+        """Records from ``start`` on that the last read of ``tp`` returned:
+        the subscriptions of one topic scan the same offsets one after the
+        other, so its log is read once for all of them."""
+        recent = self._recent.get(tp)
+        if not recent or not recent[0].offset() <= start <= recent[-1].offset():
+            return []
+        first = bisect.bisect_left([r.offset() for r in recent], start)
+        return recent[first:]
 
     def _consumer(self, key: str) -> Consumer:
         if key not in self._consumers:

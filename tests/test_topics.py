@@ -58,7 +58,7 @@ def _publish(client: ServiceBusClient, topic: str, *messages: ServiceBusMessage)
         sender.send_messages(list(messages))
 
 
-def _drain(client: ServiceBusClient, topic: str, subscription: str, *, wait: float = 3.0,
+def _drain(client: ServiceBusClient, topic: str, subscription: str, *, wait: float = 1.5,
            sub_queue: ServiceBusSubQueue | None = None) -> list:
     """Receive and complete until nothing comes for ``wait`` seconds."""
     got = []

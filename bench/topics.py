@@ -1,0 +1,403 @@
+"""A topic with ten filtered subscriptions beside a plain queue of the same run.
+
+``python -m bench.topics [--broker embedded|kafka] [--messages N]
+[--drain sequential|threads]`` (``make bench-topics``) starts a broker and
+one engine worker, then measures on that one broker:
+
+1. a plain queue: ``send_messages`` in lists of 1,000, then
+   ``receive_messages(1000)`` + ``complete_messages`` until all are settled;
+2. a topic with subscriptions ``s0`` .. ``s9``, each with its ``$Default``
+   rule replaced by the SQL filter ``bucket = K``: the same N messages are
+   published (``bucket = i % 10``, so each subscription selects a tenth), then
+   every subscription is drained with ``receive_messages(1000)`` +
+   ``complete_messages``.
+
+A topic message is stored once, in the topic's log, but the engine's log
+scanner reads it once per subscription and evaluates that subscription's
+rules before it may be handed out. The drain starts right after publishing,
+so its clock (first receive to last subscription drained) includes the
+filter evaluation, and the time from the end of publishing to the last
+subscription drained bounds when every subscription's messages were all
+acceptable. The settle rate across subscriptions counts each published
+message once: N over that clock.
+
+Every subscription must get exactly its N/10 messages (by the ``bucket``
+application property), none twice, none left or dead-lettered
+(``get_subscription_runtime_properties``). The table prints each figure
+beside the plain queue's, with the evaluations/s of compiled filters on one
+core (``bench.filters``) next to the 100,000/s target; the figures go to
+``bench/results/topics.json`` (``topics-kafka.json`` on Apache Kafka).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import filters
+from bench.measure import CpuMeter, Phase, Timed
+from bench.run import (
+    IDLE_S,
+    LOCK_SECONDS,
+    RESULTS_DIR,
+    final_check,
+    machine_info,
+    make_messages,
+    send,
+    settle_in_batches,
+    wait_for_engine,
+)
+from settlement import ServiceBusClient, ServiceBusMessage
+from settlement.apache_kafka import KAFKA_VERSION, KafkaCluster
+from settlement.embedded import EmbeddedBroker
+from settlement.management import ServiceBusAdministrationClient, SqlRuleFilter
+from settlement.receiver import ServiceBusReceiver
+from settlement.sender import ServiceBusSender
+from streams.process import EngineProcess
+from topics.rules import MessageView, compile_filter
+
+NAMESPACE = "benchtopics"
+TOPIC = "orders"
+QUEUE = "plain"
+BUCKETS = 10
+BATCH = 1000
+CHUNK = 1000
+log = logging.getLogger("bench.topics")
+
+
+# ------------------------------------------------------------------ publish
+def bucket_messages(n: int, size: int) -> list[ServiceBusMessage]:
+    """``n`` messages whose ``bucket`` property cycles 0..9: each subscription's
+    filter selects every tenth."""
+    body = os.urandom(size)
+    return [ServiceBusMessage(body, message_id=f"t-{i}",
+                              application_properties={"bucket": i % BUCKETS})
+            for i in range(n)]
+
+
+def publish(sender: ServiceBusSender, messages: list[ServiceBusMessage], meter: CpuMeter,
+            key: str, label: str) -> tuple[Phase, Timed]:
+    """Send the first message on its own, untimed (a new sender's producer
+    waits for its producer id), then the rest in lists of ``CHUNK``, timed.
+    Returns the phase and its timer, whose ``end`` marks the end of sending."""
+    sender.send_messages(messages[0])
+    with Timed(meter) as t:
+        for start in range(1, len(messages), CHUNK):
+            sender.send_messages(messages[start:start + CHUNK])
+    sender.close()
+    return Phase(key, label, len(messages) - 1, t.seconds, cpu=t.cpu), t
+
+
+# -------------------------------------------------------------------- drain
+@dataclass
+class Subscription:
+    """One subscription's receiver and what it got and settled."""
+
+    name: str
+    bucket: int
+    expected: list[str]
+    receiver: ServiceBusReceiver
+    received: Counter[str] = field(default_factory=Counter)
+    settled: Counter[str] = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+    wrong_bucket: int = 0
+    drained_at: float | None = None  # perf_counter() when its last expected one settled
+
+    def drain(self) -> None:
+        """Receive and complete until every expected message is settled, or
+        nothing came for ``IDLE_S`` (the exactly-once check then says what is
+        missing). Stops at the count rather than at an empty receive, so the
+        clock does not include a final wait."""
+        while sum(self.settled.values()) + len(self.failures) < len(self.expected):
+            msgs = self.receiver.receive_messages(BATCH, max_wait_time=IDLE_S)
+            if not msgs:
+                log.warning("%s: nothing received for %.0fs after %d of %d; giving up",
+                            self.name, IDLE_S, sum(self.settled.values()),
+                            len(self.expected))
+                break
+            self.received.update(m.message_id for m in msgs)
+            self.wrong_bucket += sum((m.application_properties or {}).get("bucket")
+                                     != self.bucket for m in msgs)
+            for result in self.receiver.complete_messages(msgs):
+                if result.succeeded:
+                    self.settled[result.message.message_id] += 1
+                else:
+                    self.failures.append(f"{result.message.message_id}: {result.error}")
+        self.drained_at = time.perf_counter()
+
+
+def drain_sequentially(subscriptions: list[Subscription]) -> None:
+    """One subscription after another, from one thread."""
+    for sub in subscriptions:
+        sub.drain()
+
+
+def drain_in_threads(subscriptions: list[Subscription]) -> None:
+    """One thread per subscription, each with its own receiver (a receiver is
+    not thread-safe); round trips of different subscriptions overlap."""
+    errors: list[BaseException] = []
+
+    def work(sub: Subscription) -> None:
+        try:
+            sub.drain()
+        except BaseException as exc:  # report, do not hang the bench
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(s,), name=f"bench-{s.name}", daemon=True)
+               for s in subscriptions]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise errors[0]
+
+
+DRAINS: dict[str, Callable[[list[Subscription]], None]] = {
+    "sequential": drain_sequentially, "threads": drain_in_threads}
+
+
+def subscription_check(admin: ServiceBusAdministrationClient, sub: Subscription
+                       ) -> dict[str, Any]:
+    """Exactly its own messages, each settled once, nothing of another bucket,
+    nothing left active or dead-lettered. Closes the receiver."""
+    check = final_check([sub.receiver], sub.expected, sub.received, sub.settled,
+                        sub.failures, BATCH)
+    runtime = admin.get_subscription_runtime_properties(TOPIC, sub.name)
+    check["wrong_bucket"] = sub.wrong_bucket
+    check["active_after"] = runtime.active_message_count
+    check["dead_letter_after"] = runtime.dead_letter_message_count
+    check["ok"] = (check["ok"] and not sub.wrong_bucket and not runtime.active_message_count
+                   and not runtime.dead_letter_message_count)
+    return check
+
+
+def create_filtered_topic(admin: ServiceBusAdministrationClient) -> None:
+    """The topic and ``s0`` .. ``s9``, each with only the rule ``bucket = K``."""
+    admin.create_topic(TOPIC)
+    for k in range(BUCKETS):
+        admin.create_subscription(TOPIC, f"s{k}", lock_duration=LOCK_SECONDS,
+                                  max_delivery_count=10)
+        admin.delete_rule(TOPIC, f"s{k}", "$Default")
+        admin.create_rule(TOPIC, f"s{k}", "r", filter=SqlRuleFilter(f"bucket = {k}"))
+
+
+def topic_phases(client: ServiceBusClient, admin: ServiceBusAdministrationClient,
+                 n: int, size: int, mode: str, meter: CpuMeter) -> dict[str, Phase]:
+    """Publish ``n`` bucketed messages to the topic, then drain every
+    subscription. The receivers are made before publishing, so the drain
+    clock holds no receiver setup: only receives, settlements and the wait
+    for the engine to filter what is received."""
+    messages = bucket_messages(n, size)
+    subs = [Subscription(f"s{k}", k, [m.message_id for m in messages[k::BUCKETS]],
+                         client.get_subscription_receiver(TOPIC, f"s{k}"))
+            for k in range(BUCKETS)]
+    sent, t_pub = publish(client.get_topic_sender(TOPIC), messages, meter, "topic_publish",
+                          f"publish to the topic (lists of {CHUNK:,})")
+    with Timed(meter) as t:
+        DRAINS[mode](subs)
+    assert t_pub.end is not None and t.end is not None
+    checks = {s.name: subscription_check(admin, s) for s in subs}
+    drained_after = {s.name: round((s.drained_at or t.end) - t_pub.end, 3) for s in subs}
+    settle = Phase("topic_settle",
+                   f"{BUCKETS} subscriptions: receive({BATCH}) + complete_messages, {mode}",
+                   n, t.seconds, cpu=t.cpu,
+                   check={"ok": all(c["ok"] for c in checks.values()), "subscriptions": checks},
+                   extra={"drain": mode,
+                          "publish_end_to_all_drained_s": round(t.end - t_pub.end, 3),
+                          "drained_after_publish_s": drained_after})
+    return {"topic_publish": sent, "topic_settle": settle}
+
+
+def queue_phases(client: ServiceBusClient, n: int, size: int, meter: CpuMeter
+                 ) -> dict[str, Phase]:
+    """The plain queue of the same run, with the same sizes and batches."""
+    messages = make_messages("q", n, size)
+    sent, _ = publish(client.get_queue_sender(QUEUE), messages, meter, "queue_send",
+                      f"send_messages to a queue (lists of {CHUNK:,})")
+    settled = settle_in_batches(client, QUEUE, [m.message_id for m in messages], BATCH, meter)
+    return {"queue_send": sent, "queue_settle": settled}
+
+
+# ------------------------------------------------------------------ filters
+def filter_rates(seconds: float, pool_size: int = 1_000) -> dict[str, float]:
+    """Evaluations/s on one core of this bench's ``bucket = 3`` and of every
+    filter of ``bench.filters``, with that module's pool and loop."""
+    views = [MessageView(system, {**user, "bucket": n % BUCKETS})
+             for n, (system, user) in enumerate(map(filters.message, range(pool_size)))]
+    expressions = {"bucket = K (this bench)": "bucket = 3", **filters.FILTERS}
+    return {label: filters.rate(seconds, len(views),
+                                filters.evaluating(compile_filter(expr).matches, views))
+            for label, expr in expressions.items()}
+
+
+# ------------------------------------------------------------------- report
+def render(result: dict[str, Any]) -> str:
+    """The table: each topic figure beside the plain queue's of the same run."""
+    ph = result["phases"]
+    tp, ts = ph["topic_publish"], ph["topic_settle"]
+    qp, qs = ph["queue_send"], ph["queue_settle"]
+    broker = (f"Apache Kafka {KAFKA_VERSION}, 1 node" if result["broker"] == "kafka"
+              else "embedded Tansu broker")
+    m = result["machine"]
+    lines = [
+        "",
+        f"Topics benchmark ({broker}, 1 engine worker); machine: {m['cores']} cores, "
+        f"{m['cpu_model']}, {m['implementation']} {m['python']}",
+        f"{result['messages']:,} messages x {result['size']} B; topic with {BUCKETS} "
+        f"subscriptions, SQL filter 'bucket = K' each (a tenth each); drain: {ts['drain']}"
+        + (" (one receiver at a time)" if ts["drain"] == "sequential"
+           else " (one thread per subscription)"),
+        "",
+    ]
+    head = (f"{'figure':<60} {'this project':>14}  {'plain queue same run':>20}  "
+            f"{'ratio':>5}  {'cores client/engine/broker':>26}")
+    lines += [head, "-" * len(head)]
+
+    def row(label: str, value: float, base: float, unit: str, cpu: dict[str, float]) -> None:
+        busy = "/".join(f"{cpu.get(k, 0):.2f}" for k in ("client", "engine", "broker")
+                        ) if cpu else ""
+        fmt = (lambda x: f"{x:,.0f} /s") if unit == "/s" else (lambda x: f"{x:.2f} s")
+        lines.append(f"{label:<60} {fmt(value):>14}  {fmt(base):>20}  "
+                     f"{value / base if base else 0:>5.2f}  {busy:>26}")
+
+    row(f"publish (send_messages, lists of {CHUNK:,})", tp["rate"], qp["rate"], "/s",
+        tp["cpu_cores"])
+    row(f"settle across all subscriptions (receive {BATCH:,} + complete)", ts["rate"],
+        qs["rate"], "/s", ts["cpu_cores"])
+    row("end of publishing -> every subscription drained", ts["publish_end_to_all_drained_s"],
+        qs["seconds"], "s", {})
+    lines.append("  (the drain includes the log scanner's filter evaluation: a message is "
+                 "handed out only once its subscription's rules have been evaluated)")
+    per = ts["drained_after_publish_s"]
+    lines.append("  each subscription drained after publishing (s): "
+                 + ", ".join(f"{s} {v:.2f}" for s, v in per.items()))
+    checks = ts["check"]["subscriptions"]
+    if ts["check"]["ok"] and qs["check"].get("ok"):
+        lines.append(f"exactly-once: every subscription got exactly its {100 // BUCKETS}% "
+                     f"({', '.join(str(c['settled']) for c in checks.values())}), none twice, "
+                     "none of another bucket, none left; the queue likewise")
+    else:
+        for name, c in {**checks, "queue": qs["check"]}.items():
+            if not c.get("ok"):
+                lines.append(f"WARNING: {name}: not exactly once: {json.dumps(c)}")
+    rates = result["filter_evaluations_per_s"]
+    own = rates["bucket = K (this bench)"]
+    slowest = min((r, label) for label, r in rates.items())
+    verdict = ("met" if min(own, slowest[0]) >= filters.TARGET
+               else f"MISSED: slowest {slowest[0] / filters.TARGET:.0%} of it")
+    lines.append(f"filter evaluations/s, one core (bench.filters): 'bucket = K' {own:,.0f}/s; "
+                 f"slowest of its set ({slowest[1]}) {slowest[0]:,.0f}/s; target "
+                 f"{filters.TARGET:,}/s -> {verdict}")
+    lines.append(f"setting up the topic ({1 + 3 * BUCKETS} admin calls, each waits for the "
+                 f"engine to read it): {result['topic_setup_s']:.1f} s")
+    lines.append("cores busy = CPU seconds / wall seconds of each process during the phase")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.topics")
+    p.add_argument("--broker", choices=["embedded", "kafka"], default="embedded")
+    p.add_argument("--messages", type=int, default=20_000,
+                   help="messages published to the topic and sent to the queue (default "
+                        "20,000: 2,000 per subscription)")
+    p.add_argument("--size", type=int, default=1024, help="body bytes (default 1024)")
+    p.add_argument("--drain", choices=sorted(DRAINS), default="threads",
+                   help="drain the subscriptions one thread each, or one after another "
+                        "(default threads: as fast or a little faster, since receives of one "
+                        "subscription overlap the engine's filtering of the others)")
+    p.add_argument("--filter-seconds", type=float, default=0.5,
+                   help="measuring time per filter of the evaluations/s line")
+    p.add_argument("--output", type=Path, default=None,
+                   help="JSON results (default bench/results/topics.json, topics-kafka.json "
+                        "on Apache Kafka)")
+    p.add_argument("--keep-logs", action="store_true",
+                   help="keep the broker and worker logs and the engine's data dir")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    output = args.output or RESULTS_DIR / ("topics-kafka.json" if args.broker == "kafka"
+                                           else "topics.json")
+    work = Path(tempfile.mkdtemp(prefix="settlement-topics-"))
+    started = time.monotonic()
+
+    def step(msg: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {msg}", flush=True)
+
+    broker: EmbeddedBroker | KafkaCluster = (
+        KafkaCluster(data_dir=work / "kafka") if args.broker == "kafka"
+        else EmbeddedBroker(log_path=work / "broker.log"))
+    phases: dict[str, Phase] = {}
+    ok = False
+    step(f"starting the {args.broker} broker; scratch dir {work}")
+    try:
+        with broker:
+            conn = broker.connection_string(NAMESPACE)
+            with EngineProcess(conn, work / "engine", timer_interval=0.5) as worker:
+                meter = CpuMeter({"client": os.getpid(), "engine": worker.pid, "broker": (
+                    broker.nodes[0].pid if isinstance(broker, KafkaCluster) else broker.pid)})
+                with (ServiceBusAdministrationClient.from_connection_string(conn) as admin,
+                      ServiceBusClient.from_connection_string(conn) as client):
+                    for queue in ("warmup", QUEUE):
+                        admin.create_queue(queue, lock_duration=LOCK_SECONDS,
+                                           max_delivery_count=10)
+                    assert worker.proc is not None
+                    step(f"engine ready after {wait_for_engine(client, 'warmup', worker.proc):.1f}s"
+                         "; warm-up")
+                    warm = make_messages("w", min(2000, args.messages), args.size)
+                    send(client, "warmup", warm, CHUNK)
+                    settle_in_batches(client, "warmup", [m.message_id for m in warm], BATCH,
+                                      meter)
+                    step(f"plain queue: {args.messages:,} messages")
+                    phases |= queue_phases(client, args.messages, args.size, meter)
+                    step(f"topic with {BUCKETS} filtered subscriptions")
+                    t0 = time.perf_counter()
+                    create_filtered_topic(admin)
+                    setup_s = time.perf_counter() - t0
+                    step(f"topic: publish {args.messages:,}, drain ({args.drain})")
+                    phases |= topic_phases(client, admin, args.messages, args.size,
+                                           args.drain, meter)
+        step("filter evaluations/s (bench.filters), broker stopped")
+        result = {
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "machine": machine_info(), "broker": args.broker,
+            "messages": args.messages, "size": args.size,
+            "phases": {k: p.as_dict() for k, p in phases.items()},
+            "topic_setup_s": round(setup_s, 2),
+            "filter_evaluations_per_s": {k: round(v) for k, v in
+                                         filter_rates(args.filter_seconds).items()},
+            "filter_target_per_s": filters.TARGET,
+            "exactly_once_ok": all(p.check.get("ok", True) for p in phases.values()),
+            "total_seconds": round(time.monotonic() - started, 1),
+        }
+        print(render(result), flush=True)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"\nwrote {output} (whole bench {result['total_seconds']}s)")
+        ok = result["exactly_once_ok"]
+    finally:
+        if args.keep_logs or not ok:
+            print(f"logs kept in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
