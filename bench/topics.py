@@ -12,9 +12,10 @@ one engine worker, then measures on that one broker:
    every subscription is drained with ``receive_messages(1000)`` +
    ``complete_messages``.
 
-A topic message is stored once, in the topic's log, but the engine's log
-scanner reads it once per subscription and evaluates that subscription's
-rules before it may be handed out. The drain starts right after publishing,
+A topic message is stored once, in the topic's log; the engine's log
+scanner reads each topic partition once for all of its subscriptions (it
+reuses its last read) and evaluates each subscription's rules before a
+message may be handed out. The drain starts right after publishing,
 so its clock (first receive to last subscription drained) includes the
 filter evaluation, and the time from the end of publishing to the last
 subscription drained bounds when every subscription's messages were all
