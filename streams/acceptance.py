@@ -55,11 +55,12 @@ def accept(window: InflightWindow, first: int, end: int, items: list[list[int]],
     if window.scanned is None or first != window.scanned or end < first:
         return {"accepted": False, "scanned": window.scanned}
     duplicates, scheduled, forwarded, expiries, filtered = [], [], [], [], []
+    failed: dict[str, list[int]] = {}  # why a filter failed -> on which messages
     for offset, expires, due, mark, *error in items:
         if not first <= offset < end:
             continue
         if error and mark != FILTER_FAILED:
-            events.append(Event("filter_failed", [offset], {"description": error[0]}))
+            failed.setdefault(error[0], []).append(offset)
         if mark in (DUPLICATE, FORWARDED, FILTERED):
             window.put(offset, Entry(CANCELLED))
             {DUPLICATE: duplicates, FORWARDED: forwarded, FILTERED: filtered}[mark].append(offset)
@@ -91,6 +92,11 @@ def accept(window: InflightWindow, first: int, end: int, items: list[list[int]],
         events.append(Event("duplicate", duplicates))
     if filtered:
         events.append(Event("filtered", filtered))
+    if failed:  # one event says why: the first error, and on which messages
+        first_error = next(iter(failed))
+        events.append(Event("filter_failed", sorted(o for g in failed.values() for o in g), {
+            "description": first_error if len(failed) == 1
+            else f"{first_error} (and {len(failed) - 1} other errors)"}))
     if forwarded:
         events.append(Event("forwarded", forwarded, {"to": window.forward_to}))
     if scheduled:

@@ -40,6 +40,10 @@ from topics.rules import MessageView
 
 log = logging.getLogger(__name__)
 MAX_RECORDS = 5000
+#: most messages one accept records a filter error for (each is stored with it)
+MAX_FILTER_FAILURES = 500
+#: characters of a filter error kept with the message
+_MAX_ERROR = 300
 
 #: dead letters looked at per scan for forward_dead_letters_to
 _DEAD_LETTERS_PER_SCAN = 1_000
@@ -105,6 +109,8 @@ class LogScanner:
         rules = self._definitions().rules(window.entity)
         found = self._definitions().policy(window.entity)
         dead_letter_errors = found is not None and found[1].dead_letter_filter_errors
+        end = records[-1].offset() + 1
+        failures = 0
         for record in records:
             item = self._item(key, window, record, now)
             if rules is not None and (item is None or item[3] == PLAIN):
@@ -113,10 +119,15 @@ class LogScanner:
                 to_forward.append(record)  # the target applies time to live and schedule
             elif item is not None:
                 items.append(item)
+            failures += item is not None and len(item) > 4
+            if failures >= MAX_FILTER_FAILURES:
+                # Each failure is stored with its error: keep the accept small
+                # enough to store at once; the next scan goes on from here.
+                end = record.offset() + 1
+                break
         if to_forward:
             assert window.forward_to is not None
             items += self._forwarder.forward(to_forward, window.forward_to)
-        end = records[-1].offset() + 1
         self._sent[key] = (end, time.monotonic())
         return Command(f"accept-{uuid.uuid4().hex}", "accept", window.entity, window.partition,
                        None, {"from": start, "to": end, "items": items})
@@ -260,7 +271,7 @@ def _filtered(rules: RuleSet, record: Message, item: list[Any] | None,
     except _wire.MalformedRecord:
         return item  # handed out, and the receiver dead-letters it
     verdict = rules.evaluate(MessageView(system, user))
-    error = "; ".join(f"rule {name!r}: {why}" for name, why in verdict.failures)
+    error = "; ".join(f"rule {name!r}: {why}" for name, why in verdict.failures)[:_MAX_ERROR]
     if verdict.failures and dead_letter_errors:
         return [offset, 0, 0, FILTER_FAILED, error]
     if not verdict.matched:

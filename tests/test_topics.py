@@ -355,3 +355,25 @@ def test_a_subscription_forwards_to_another_topic(
     while not got and time.monotonic() < deadline:
         got = _drain(client, downstream, "in", wait=1)
     assert [m.message_id for m in got] == ["o1"]
+
+
+def test_a_filter_failing_on_many_messages_dead_letters_them_all_and_the_engine_serves_on(
+        client: ServiceBusClient, admin: ServiceBusAdministrationClient, topic: str,
+        subscribe: Subscribe) -> None:
+    failing = RuleProperties("math", SqlRuleFilter("amount / divisor > 1"))
+    subscribe("strict", failing)
+    subscribe("lenient", failing, dead_lettering_on_filter_evaluation_exceptions=False)
+    count = 1_200  # more than one accept of the scanner may record errors for
+    _publish(client, topic, *[ServiceBusMessage(
+        f"m{i}", application_properties={"amount": i, "divisor": 0}) for i in range(count)])
+    deadline = time.monotonic() + 60
+    strict = admin.get_subscription_runtime_properties(topic, "strict")
+    while strict.dead_letter_message_count < count and time.monotonic() < deadline:
+        time.sleep(0.5)
+        strict = admin.get_subscription_runtime_properties(topic, "strict")
+    assert (strict.dead_letter_message_count, strict.active_message_count) == (count, 0)
+    lenient = admin.get_subscription_runtime_properties(topic, "lenient")
+    assert (lenient.dead_letter_message_count, lenient.active_message_count) == (0, 0)
+    _publish(client, topic, ServiceBusMessage("fine", message_id="fine", application_properties={
+        "amount": 10, "divisor": 2}))
+    assert [m.message_id for m in _drain(client, topic, "lenient")] == ["fine"]
