@@ -106,3 +106,30 @@ def drive_workload(client: ServiceBusClient, queue: str, *, sent: int, complete:
         assert all(m.delivery_count == 2 for m in again)
         receiver.complete_messages(again)
     return first
+
+
+def drive_topic_workload(client: ServiceBusClient, admin: Any, topic: str) -> tuple[str, str]:
+    """A known workload on a topic for the Spark jobs: subscription ``all``
+    (every message) and ``eu`` (``region = 'eu'``, created after 2 messages
+    were published, so they are not its). 10 more are published, 6 of them
+    eu: ``eu`` completes 5 and dead-letters 1 (reason ``bad-region``), ``all``
+    completes all 12. Returns the paths of ``eu`` and ``all``."""
+    from settlement import ServiceBusMessage
+    from settlement.management import SqlRuleFilter
+
+    admin.create_topic(topic)
+    admin.create_subscription(topic, "all")
+    with client.get_topic_sender(topic) as sender:
+        sender.send_messages([ServiceBusMessage(f"early {i}") for i in range(2)])
+        admin.create_subscription(topic, "eu")
+        admin.delete_rule(topic, "eu", "$Default")
+        admin.create_rule(topic, "eu", "eu", filter=SqlRuleFilter("region = 'eu'"))
+        sender.send_messages([ServiceBusMessage(f"m{i}", application_properties={
+            "region": "eu" if i < 6 else "us"}) for i in range(10)])
+    with client.get_subscription_receiver(topic, "eu") as receiver:
+        got = receive_exactly(receiver, 6)
+        receiver.complete_messages(got[:5])
+        receiver.dead_letter_message(got[5], reason="bad-region", error_description="test")
+    with client.get_subscription_receiver(topic, "all") as receiver:
+        receiver.complete_messages(receive_exactly(receiver, 12))
+    return names.subscription_path(topic, "eu"), names.subscription_path(topic, "all")

@@ -17,22 +17,29 @@ from spark.metrics_store import (
     read_metrics,
     totals,
 )
-from tests.helpers import drive_workload, receive_exactly, run_monitor
+from tests.helpers import drive_topic_workload, drive_workload, receive_exactly, run_monitor
 
 pytest.importorskip("pyspark")
 
 
 def test_monitor_counts_equal_the_workload_and_survive_restarts(
-        spark: Any, conn: str, client: ServiceBusClient, make_queue: Any,
+        spark: Any, conn: str, client: ServiceBusClient, admin: Any, make_queue: Any,
         tmp_path: Path) -> None:
     queue = make_queue()
     # 30 sent: 20 completed at once, 5 abandoned then completed, 3 dead-lettered, 2 deferred
     drive_workload(client, queue, sent=30, complete=20, abandon=5, dead_letter=3,
                    reason="bad-input", defer=2, renew_first=True)
+    eu, every = drive_topic_workload(client, admin, f"{queue}-topic")
     sink = tmp_path / "monitor"
     run_monitor(spark, conn, sink)
 
     metrics = read_metrics(sink)
+    # Per subscription: what its rules left out counts as filtered.
+    by_subscription = totals(metrics, "count")
+    assert (by_subscription[(eu, "completed")], by_subscription[(eu, "dead_lettered")],
+            by_subscription[(eu, "filtered")]) == (5, 1, 4)
+    assert by_subscription[(every, "completed")] == 12
+    assert (every, "filtered") not in by_subscription
     counts = {label: n for (entity, label), n in totals(metrics, "count").items()
               if entity == queue}
     assert counts == {"enqueued": 30, "locked": 35, "renewed": 1, "completed": 25,

@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue, cli
 from settlement.dead_letters import REPLAYED_FROM
-from tests.helpers import drive_workload, receive_exactly
+from tests.helpers import drive_topic_workload, drive_workload, receive_exactly
 from topics import names
 from topics.connection import parse_connection_string
 
@@ -29,16 +29,18 @@ def drain(client: ServiceBusClient, queue: str, sub: Any = None) -> list[Any]:
 
 
 def test_audit_passes_a_clean_run_and_catches_injected_faults(
-        spark: Any, conn: str, client: ServiceBusClient, make_queue: Any,
+        spark: Any, conn: str, client: ServiceBusClient, admin: Any, make_queue: Any,
         capsys: pytest.CaptureFixture[str]) -> None:
     from spark.audit import run_audit
 
     queue = make_queue(partition_count=2)
     got = drive_workload(client, queue, sent=20, complete=10, abandon=4, dead_letter=3,
                          reason="poison", defer=3)
-    report = run_audit(spark, conn, [queue])
+    # Subscriptions too: each is judged over its topic's log from where it began.
+    eu, every = drive_topic_workload(client, admin, f"{queue}-topic")
+    report = run_audit(spark, conn, [queue, eu, every])
     assert report.ok, report.summary()
-    assert report.messages == 20 and report.windows == 2
+    assert report.messages == 20 + 10 + 12 and report.windows == 2 + 1 + 1
 
     # Faults: a second completion by another command, and a state record
     # whose counts the events do not give.
