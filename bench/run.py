@@ -328,7 +328,8 @@ def send(client: ServiceBusClient, queue: str, messages: list[ServiceBusMessage]
 
 def settle_in_batches(client: ServiceBusClient, queue: str, ids: list[str], batch: int,
                       meter: CpuMeter) -> Phase:
-    receiver = client.get_queue_receiver(queue)
+    # prefetch_count: the next batch is locked while this one is settled
+    receiver = client.get_queue_receiver(queue, prefetch_count=batch)
     received: Counter[str] = Counter()
     settled: Counter[str] = Counter()
     failures = rounds = 0
@@ -346,7 +347,8 @@ def settle_in_batches(client: ServiceBusClient, queue: str, ids: list[str], batc
                 else:
                     failures += 1
     check = final_check([receiver], ids, received, settled, failures, batch)
-    return Phase("peek_lock_batch", f"peek-lock receive({batch}) + complete_messages(batch)",
+    return Phase("peek_lock_batch", f"peek-lock receive({batch}) + complete_messages(batch), "
+                 f"prefetch_count={batch}",
                  len(ids), t.seconds, cpu=t.cpu, check=check,
                  extra={"receive_rounds": rounds,
                         "mean_batch": round(sum(received.values()) / max(rounds, 1), 1)})

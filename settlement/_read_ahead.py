@@ -10,8 +10,10 @@ next ``receive_messages`` finds it ready. What was read ahead but never handed
 out (the receiver closed, a smaller batch asked for) is released at once,
 its delivery count untouched, as the receiver loop does.
 
-Only peek-lock receives of the active queue read ahead: receive-and-delete
-would settle messages the application may never get.
+Only receivers created with a ``prefetch_count`` read ahead (as in the SDK,
+prefetching is asked for: a receiver left open would otherwise hold a
+batch nobody asked for), and only peek-lock receives of the active queue:
+receive-and-delete would settle messages the application may never get.
 """
 
 from __future__ import annotations

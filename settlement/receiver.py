@@ -102,8 +102,11 @@ class ServiceBusReceiver:
         self._turn = itertools.cycle(range(props.partition_count))
         self._peek_from = (0, 0)
         self._closed = False
+        # Only a receiver asked to prefetch locks messages the application has
+        # not asked for yet, as in the SDK (prefetch_count=0: none).
         self._read_ahead = (read_ahead.ReadAhead(self._receive_round, self._release)
-                            if self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK
+                            if prefetch_count > 0
+                            and self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK
                             and self._sub == "active" else None)
 
     # ----------------------------------------------------------------- receive
