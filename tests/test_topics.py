@@ -58,12 +58,14 @@ def _publish(client: ServiceBusClient, topic: str, *messages: ServiceBusMessage)
         sender.send_messages(list(messages))
 
 
-def _drain(client: ServiceBusClient, topic: str, subscription: str, *, wait: float = 1.5,
+def _drain(client: ServiceBusClient, topic: str, subscription: str, *, wait: float = 5.0,
            sub_queue: ServiceBusSubQueue | None = None) -> list:
-    """Receive and complete until nothing comes for ``wait`` seconds."""
+    """Receive and complete until nothing comes: for ``wait`` seconds at
+    first (the engine's scanner may still be evaluating the rules), then for
+    1.5 s once messages flow."""
     got = []
     with client.get_subscription_receiver(topic, subscription, sub_queue=sub_queue) as receiver:
-        while batch := receiver.receive_messages(50, max_wait_time=wait):
+        while batch := receiver.receive_messages(50, max_wait_time=1.5 if got else wait):
             got += batch
             receiver.complete_messages(batch)
     return got
