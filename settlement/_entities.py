@@ -151,13 +151,6 @@ class EntityRegistry:
         return self._get(names.rule_key(topic, subscription, rule), RuleProperties, "rule",
                          "create_rule", f"rule create {topic} {subscription} {rule}", fresh)
 
-    def get_receivable(self, path: str, *, fresh: bool = False
-                       ) -> QueueProperties | SubscriptionProperties:
-        """A queue, or a subscription given as ``TOPIC/subscriptions/SUB``."""
-        if names.SUBSCRIPTIONS in path:
-            return self.get_subscription(*names.split_subscription_path(path), fresh=fresh)
-        return self.get(path, fresh=fresh)
-
     def _get(self, key: str, kind: type, what: str, create: str, cli: str, fresh: bool
              ) -> Any:
         if fresh or key not in self._cache or self._stale():

@@ -204,16 +204,6 @@ def filter_properties(value: bytes | None, headers: list[tuple[str, bytes | None
     return system, user
 
 
-def with_properties(headers: list[tuple[str, bytes | None]], properties: dict[str, Any]
-                    ) -> list[tuple[str, bytes | None]]:
-    """``headers`` with their application properties replaced (a rule action's)."""
-    rest = [(k, v) for k, v in headers if k != "application-properties"]
-    if properties:
-        rest.append(("application-properties",
-                     json.dumps(properties, separators=(",", ":")).encode()))
-    return rest
-
-
 STATES = {"active": ServiceBusMessageState.ACTIVE, "deadletter": ServiceBusMessageState.ACTIVE,
           "deferred": ServiceBusMessageState.DEFERRED,
           "scheduled": ServiceBusMessageState.SCHEDULED,
