@@ -47,7 +47,8 @@ class QueueProperties:
             if self.requires_duplicate_detection else 0,
             int(self.default_message_time_to_live.total_seconds() * 1000)
             if self.expires_messages else 0,
-            self.forward_to, self.forward_dead_lettered_messages_to)
+            self.forward_to, self.forward_dead_lettered_messages_to,
+            requires_session=self.requires_session, partitions=self.partition_count)
 
     @property
     def expires_messages(self) -> bool:

@@ -113,7 +113,8 @@ class SubscriptionProperties:
             min(ttls) if ttls else 0,
             self.forward_to, self.forward_dead_lettered_messages_to,
             rules=tuple(r.spec() for r in rules), begin=tuple(self.begin_offsets),
-            dead_letter_filter_errors=self.dead_lettering_on_filter_evaluation_exceptions)
+            dead_letter_filter_errors=self.dead_lettering_on_filter_evaluation_exceptions,
+            requires_session=self.requires_session, partitions=self.partition_count)
 
 
 @dataclass

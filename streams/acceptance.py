@@ -16,12 +16,16 @@ before it is known to be one. An accepted range may carry, per offset:
   (dead-lettered with the error when the subscription says so; otherwise a
   ``filter_failed`` event says why the rule did not match).
 
-An item is ``[offset, expires_ms, due_ms, mark]``, with the filter's error
-as a fifth element where one failed.
+* on a session-enabled entity, the message's session: it joins its
+  session's pending messages (``streams.sessions``); one without a session
+  id, or with one its partition cannot hold, is dead-lettered.
+
+Each offset's findings are an :class:`Item`; offsets without one are plain.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from streams.due_index import SCHEDULE
@@ -32,7 +36,10 @@ from streams.states import (
     DEAD,
     LOCKED,
     MAX_HOPS_REASON,
+    QUEUED,
     SCHEDULED,
+    SESSION_ID_NULL_DESCRIPTION,
+    SESSION_ID_NULL_REASON,
     TARGET_MISSING_REASON,
     TRANSFER_DEAD,
     Event,
@@ -43,12 +50,28 @@ if TYPE_CHECKING:
     from streams.window import InflightWindow
 
 # Marks of an accepted offset.
-PLAIN, DUPLICATE, FORWARDED, TOO_MANY_HOPS, TARGET_MISSING, FILTERED, FILTER_FAILED = range(7)
+(PLAIN, DUPLICATE, FORWARDED, TOO_MANY_HOPS, TARGET_MISSING, FILTERED, FILTER_FAILED,
+ NO_SESSION, BAD_SESSION) = range(9)
+#: a session id too long, or in a partition other than its session's
+BAD_SESSION_REASON = "InvalidSessionId"
+_SESSION_FAILURES = {NO_SESSION: SESSION_ID_NULL_REASON, BAD_SESSION: BAD_SESSION_REASON}
 MAX_HOPS = 4
 _TRANSFER_FAILURES = {TOO_MANY_HOPS: MAX_HOPS_REASON, TARGET_MISSING: TARGET_MISSING_REASON}
 
 
-def accept(window: InflightWindow, first: int, end: int, items: list[list[int]],
+@dataclass(frozen=True, slots=True)
+class Item:
+    """What the scanner found out about one offset."""
+
+    offset: int
+    expires: int = 0          # when its time to live ends (ms; 0: never)
+    due: int = 0              # when a scheduled message is due (ms; 0: now)
+    mark: int = PLAIN
+    error: str | None = None  # why a filter failed on it
+    session: str | None = None  # its session (session-enabled entities)
+
+
+def accept(window: InflightWindow, first: int, end: int, items: list[Item],
            events: list[Event]) -> dict[str, Any]:
     """Apply one scanned range; a range that does not continue where the
     window stands (a repeat after a crash, say) changes nothing."""
@@ -56,21 +79,31 @@ def accept(window: InflightWindow, first: int, end: int, items: list[list[int]],
         return {"accepted": False, "scanned": window.scanned}
     duplicates, scheduled, forwarded, expiries, filtered = [], [], [], [], []
     failed: dict[str, list[int]] = {}  # why a filter failed -> on which messages
-    for offset, expires, due, mark, *error in items:
+    if window.requires_session:
+        _reach(window, end)
+    for item in items:
+        offset, expires, due, mark, error = (item.offset, item.expires, item.due, item.mark,
+                                             item.error)
         if not first <= offset < end:
             continue
+        if mark in _SESSION_FAILURES:
+            reason, description = _SESSION_FAILURES[mark], error or SESSION_ID_NULL_DESCRIPTION
+            window.put(offset, Entry(DEAD, reason=reason, description=description,
+                                     source=window.entity))
+            events.append(Event("dead_lettered", [offset], {
+                "reason": reason, "description": description}))
+            continue
         if error and mark != FILTER_FAILED:
-            failed.setdefault(error[0], []).append(offset)
+            failed.setdefault(error, []).append(offset)
         if mark in (DUPLICATE, FORWARDED, FILTERED):
             window.put(offset, Entry(CANCELLED))
             {DUPLICATE: duplicates, FORWARDED: forwarded, FILTERED: filtered}[mark].append(offset)
             continue
         if mark == FILTER_FAILED:
-            window.put(offset, Entry(DEAD, reason=FILTER_FAILED_REASON,
-                                     description=error[0] if error else None,
+            window.put(offset, Entry(DEAD, reason=FILTER_FAILED_REASON, description=error,
                                      source=window.entity))
             events.append(Event("dead_lettered", [offset], {
-                "reason": FILTER_FAILED_REASON, "description": error[0] if error else None}))
+                "reason": FILTER_FAILED_REASON, "description": error}))
             continue
         if mark in _TRANSFER_FAILURES:
             reason = _TRANSFER_FAILURES[mark]
@@ -80,9 +113,11 @@ def accept(window: InflightWindow, first: int, end: int, items: list[list[int]],
             events.append(Event("transfer_dead_lettered", [offset], {"reason": reason}))
             continue
         if due:
-            window.put(offset, Entry(SCHEDULED, until=due))
+            window.put(offset, Entry(SCHEDULED, until=due, session=item.session))
             window.due.add(due, SCHEDULE, f"{offset:016x}", [offset])
             scheduled.append(offset)
+        elif item.session is not None:
+            _join_session(window, offset, item.session)
         if expires:
             expiries.append([offset, expires])
     window.expire_later(expiries)
@@ -102,6 +137,25 @@ def accept(window: InflightWindow, first: int, end: int, items: list[list[int]],
     if scheduled:
         events.append(Event("scheduled", scheduled))
     return {"accepted": True, "scanned": end}
+
+
+def _reach(window: InflightWindow, end: int) -> None:
+    """On a session-enabled entity every accepted offset joins its session
+    (or the dead letters): none is left for the plain grant loop, and the
+    entries it had ahead (scheduled by their sender) are reached."""
+    if end <= window.next:
+        return
+    window.ahead -= sum(1 for _ in window.entries.between(window.next, end))
+    window.next = end
+
+
+def _join_session(window: InflightWindow, offset: int, session: str) -> None:
+    """The offset waits in its session; one a sender cancelled is gone."""
+    entry = window.entries.get(offset)
+    if entry is None or entry.state == SCHEDULED:
+        window.put(offset, Entry(QUEUED, session=session))
+    elif entry.state == CANCELLED:
+        window.put(offset, None)
 
 
 def dead_forwarded(window: InflightWindow, offsets: list[int], events: list[Event]
@@ -136,7 +190,7 @@ def expire_due(window: InflightWindow, now: int, items: list[list[int]],
             later.append([offset, expires])
         elif entry is not None and entry.state == LOCKED:
             later.append([offset, max(entry.until, now + 1)])
-        elif (entry is not None and entry.state in (AVAILABLE, SCHEDULED)) or (
+        elif (entry is not None and entry.state in (AVAILABLE, SCHEDULED, QUEUED)) or (
                 entry is None and offset >= window.next):
             window.expire_message(offset, events)
     window.expire_later(later)

@@ -37,7 +37,7 @@ from streams.app import (
     state_topic,
 )
 from streams.definitions import Definitions
-from streams.states import Event
+from streams.states import Event, Refused
 from streams.table_store import TableStore
 from streams.window import InflightWindow
 from topics import names, specs
@@ -160,7 +160,11 @@ async def _execute(cmd: Command, partition: int, sent_ms: int) -> None:
                 f"subscription {cmd.entity!r} does not exist: create it with "
                 "ServiceBusAdministrationClient.create_subscription")
         return
-    outcome = window.apply(cmd, int(time.time() * 1000), policy)
+    try:
+        outcome = window.apply(cmd, int(time.time() * 1000), policy)
+    except Refused as refused:
+        _reject(cmd, refused.code, str(refused))
+        return
     if outcome.changed:
         outbox = _event_records(window, outcome.events, cmd.id)
         committed = window.commit_record(outcome.writes, outbox)

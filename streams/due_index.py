@@ -1,11 +1,12 @@
 """What a window must do at a given time, ordered by that time.
 
-Lock ends, scheduled messages coming due and time-to-live expiries are keys
-``<due><kind><id>`` holding the offsets concerned, one key per command that
-set them (a whole acquired batch shares one lock end). The window finds what
-is due by reading the range of keys up to now, and its next wake-up is the
-first key. A key may name offsets whose state has moved on since (settled,
-renewed): whoever handles it checks each entry. Settlements take their
+Lock ends, session lock ends, scheduled messages coming due and time-to-live
+expiries are keys ``<due><kind><id>`` holding the offsets (or session ids)
+concerned, one key per command that set them (a whole acquired batch shares
+one lock end). The window finds what is due by reading the range of keys up
+to now, and its next wake-up is the first key. A key may name offsets whose
+state has moved on since (settled, renewed): whoever handles it checks each
+entry. Settlements take their
 offsets out of their lock's key, so a queue whose locks are all settled in
 time gives the timer nothing to do.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from streams.store import Txn
 
-LOCK, SCHEDULE, EXPIRY = "L", "S", "E"
+LOCK, SCHEDULE, EXPIRY, SESSION = "L", "S", "E", "N"
 _DUE_WIDTH = 13  # hex digits of a millisecond timestamp, good past the year 10000
 
 

@@ -52,10 +52,11 @@ class Entry:
     reason: str | None = None
     description: str | None = None
     source: str | None = None
+    session: str | None = None  # the session it belongs to (session-enabled entities)
 
     def encode(self) -> list[object]:
         fields = [self.state, self.deliveries, self.batch, self.until, self.locked_at,
-                  self.reason, self.description, self.source]
+                  self.reason, self.description, self.source, self.session]
         while fields[-1] is None:
             fields.pop()
         return fields

@@ -19,7 +19,7 @@ import uuid
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from streams.acceptance import FORWARDED, MAX_HOPS, TARGET_MISSING, TOO_MANY_HOPS
+from streams.acceptance import FORWARDED, MAX_HOPS, TARGET_MISSING, TOO_MANY_HOPS, Item
 from topics import names
 from topics.connection import ConnectionSettings
 from topics.offsets import take
@@ -33,26 +33,29 @@ class Forwarder:
 
     def __init__(self, settings: ConnectionSettings) -> None:
         self._settings = settings
+        # Kafka's murmur2 partitioner, as senders use: a copy keyed by its
+        # session id lands in the partition that holds its session.
         self._producer = Producer({**settings.kafka_config(), "acks": "all",
-                                   "enable.idempotence": True, "linger.ms": 2})
+                                   "enable.idempotence": True, "linger.ms": 2,
+                                   "partitioner": "murmur2_random"})
         self._admin = AdminClient(settings.kafka_config())
         self._reader: Consumer | None = None
         self._topics: set[str] = set()
         self._topics_at = 0.0
 
-    def forward(self, records: list[Message], target: str) -> list[list[int]]:
+    def forward(self, records: list[Message], target: str) -> list[Item]:
         """Copy ``records`` to ``target``; an accept item per record."""
         topic = self._target_log(target)
         if topic is None:
-            return [[r.offset(), 0, 0, TARGET_MISSING] for r in records]
+            return [Item(r.offset(), mark=TARGET_MISSING) for r in records]
         items = []
         for record in records:
             hops = _hops(record)
             if hops >= MAX_HOPS:
-                items.append([record.offset(), 0, 0, TOO_MANY_HOPS])
+                items.append(Item(record.offset(), mark=TOO_MANY_HOPS))
                 continue
             self._copy(record, topic, hops + 1)
-            items.append([record.offset(), 0, 0, FORWARDED])
+            items.append(Item(record.offset(), mark=FORWARDED))
         self._flush(topic)
         return items
 

@@ -22,17 +22,25 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from settlement import _wire
-from streams.acceptance import DUPLICATE, FILTER_FAILED, FILTERED, PLAIN
+from streams.acceptance import (
+    BAD_SESSION,
+    DUPLICATE,
+    FILTER_FAILED,
+    FILTERED,
+    NO_SESSION,
+    PLAIN,
+    Item,
+)
 from streams.definitions import Definitions
 from streams.forwarding import Forwarder
 from streams.window import InflightWindow
 from topics import names
-from topics.commands import Command
+from topics.commands import Command, session_partition, valid_session_id
 from topics.connection import ConnectionSettings
 from topics.offsets import take
 from topics.rule_set import RuleSet
@@ -111,15 +119,19 @@ class LogScanner:
         dead_letter_errors = found is not None and found[1].dead_letter_filter_errors
         end = records[-1].offset() + 1
         failures = 0
+        partitions = found[1].partitions if found is not None else 1
         for record in records:
             item = self._item(key, window, record, now)
-            if rules is not None and (item is None or item[3] == PLAIN):
+            if rules is not None and (item is None or item.mark == PLAIN):
                 item = _filtered(rules, record, item, dead_letter_errors)
-            if window.forward_to and (item is None or item[3] == PLAIN):
+            if window.forward_to and (item is None or item.mark == PLAIN):
                 to_forward.append(record)  # the target applies time to live and schedule
-            elif item is not None:
+                continue
+            if window.requires_session and (item is None or item.mark == PLAIN):
+                item = _in_session(record, item or Item(record.offset()), partitions)
+            if item is not None:
                 items.append(item)
-            failures += item is not None and len(item) > 4
+            failures += item is not None and item.error is not None
             if failures >= MAX_FILTER_FAILURES:
                 # Each failure is stored with its error: keep the accept small
                 # enough to store at once; the next scan goes on from here.
@@ -151,19 +163,19 @@ class LogScanner:
                        window.partition, None, {"offsets": copied})
 
     def _item(self, key: str, window: InflightWindow, record: Message, now: int
-              ) -> list[int] | None:
+              ) -> Item | None:
         headers = _headers(record)
         enqueued = record.timestamp()[1]
         offset = record.offset()
         message_id = headers.get("message-id")
         if window.duplicate_window_ms and message_id is not None:
             if self._remember(key, message_id, offset, enqueued, window.duplicate_window_ms):
-                return [offset, 0, 0, DUPLICATE]
+                return Item(offset, mark=DUPLICATE)
         ttls = [t for t in (_int(headers.get("time-to-live-ms")), window.default_ttl_ms) if t]
         expires = enqueued + min(ttls) if ttls else 0
         due = _int(headers.get("scheduled-enqueue-time-ms"))
         due = due if due > now else 0
-        return [offset, expires, due, PLAIN] if expires or due else None
+        return Item(offset, expires, due) if expires or due else None
 
     def _remember(self, key: str, message_id: str, offset: int, enqueued: int,
                   window_ms: int) -> bool:
@@ -259,8 +271,8 @@ class LogScanner:
         self._consumers.clear()
 
 
-def _filtered(rules: RuleSet, record: Message, item: list[Any] | None,
-              dead_letter_errors: bool) -> list[Any] | None:
+def _filtered(rules: RuleSet, record: Message, item: Item | None,
+              dead_letter_errors: bool) -> Item | None:
     """The accept item of a record after the subscription's rules: filtered
     out, dead-lettered for a failed filter, or as it was (matched)."""
     offset = record.offset()
@@ -273,18 +285,37 @@ def _filtered(rules: RuleSet, record: Message, item: list[Any] | None,
     verdict = rules.evaluate(MessageView(system, user))
     error = "; ".join(f"rule {name!r}: {why}" for name, why in verdict.failures)[:_MAX_ERROR]
     if verdict.failures and dead_letter_errors:
-        return [offset, 0, 0, FILTER_FAILED, error]
+        return Item(offset, mark=FILTER_FAILED, error=error)
     if not verdict.matched:
-        return [offset, 0, 0, FILTERED, *([error] if error else [])]
+        return Item(offset, mark=FILTERED, error=error or None)
     if error:
-        return [*(item or [offset, 0, 0, PLAIN]), error]
+        return replace(item or Item(offset), error=error)
     return item
+
+
+def _in_session(record: Message, item: Item, partitions: int) -> Item:
+    """The item with the record's session; a record no session can take is
+    marked for the dead letters (a session lives in one partition: the one
+    Kafka's murmur2 partitioner gives its id, as senders key by it)."""
+    session = _headers(record).get("session-id")
+    if session is None:
+        return replace(item, mark=NO_SESSION)
+    if not valid_session_id(session):
+        return replace(item, mark=BAD_SESSION, error=(
+            f"session id {session[:40]!r} is not 1..128 printable characters"))
+    home = session_partition(session, partitions)
+    if home != record.partition():
+        return replace(item, mark=BAD_SESSION, error=(
+            f"session {session!r} lives in partition {home}, but this record is in partition "
+            f"{record.partition()}: key session messages by their session id with Kafka's "
+            "murmur2 partitioner (confluent-kafka: partitioner=murmur2_random)"))
+    return replace(item, session=session)
 
 
 def _headers(record: Message) -> dict[str, str]:
     out = {}
     for name, value in record.headers() or []:
-        if name in ("message-id", "time-to-live-ms", "scheduled-enqueue-time-ms"):
+        if name in ("message-id", "time-to-live-ms", "scheduled-enqueue-time-ms", "session-id"):
             try:
                 out[name] = (value or b"").decode("utf-8")
             except UnicodeDecodeError:

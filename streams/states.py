@@ -20,6 +20,10 @@ SCHEDULED = "S"     # parked until due (the entry's time field holds the due tim
 CANCELLED = "K"     # never to be handed out: cancelled, duplicate, forwarded or expired unseen
 TRANSFER_DEAD = "T"  # in the transfer dead-letter sub-queue (forwarding failed)
 TRANSFER_DEAD_LOCKED = "t"
+QUEUED = "Q"        # accepted into its session, waiting for the session's receiver
+
+#: states of a session's messages still to be delivered or settled (streams.sessions)
+SESSION_PENDING = frozenset({QUEUED, LOCKED, AVAILABLE})
 
 #: sub-queue -> (its available state, its locked state)
 SUB_QUEUE_STATES = {"deadletter": (DEAD, DEAD_LOCKED),
@@ -32,6 +36,20 @@ MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 TTL_EXPIRED_REASON = "TTLExpiredException"
 MAX_HOPS_REASON = "MaxTransferHopCountExceeded"
 TARGET_MISSING_REASON = "ForwardTargetNotFound"
+#: the seeds' reason and description for a message without a session id on
+#: a session-enabled entity
+SESSION_ID_NULL_REASON = "Session ID is null."
+SESSION_ID_NULL_DESCRIPTION = ("Session enabled entity doesn't allow a message whose session "
+                               "identifier is null.")
+
+
+class Refused(Exception):
+    """A command the window will not apply; the engine answers it with
+    ``code`` and the message, and nothing of it is stored."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass

@@ -37,9 +37,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from streams import acceptance, scheduling
+from streams import acceptance, scheduling, sessions
 from streams.answers import Answers
-from streams.due_index import EXPIRY, LOCK, SCHEDULE, DueIndex
+from streams.due_index import EXPIRY, LOCK, SCHEDULE, SESSION, DueIndex
 from streams.entries import FAMILIES, Entries, Entry
 from streams.states import (
     AVAILABLE,
@@ -51,6 +51,7 @@ from streams.states import (
     LOCKED,
     MAX_DELIVERY_REASON,
     PARKED_LOCKED,
+    QUEUED,
     SCHEDULED,
     SUB_QUEUE_STATES,
     TRANSFER_DEAD,
@@ -68,9 +69,12 @@ _SETTLED = {"complete": "completed", "abandon": "abandoned", "release": "abandon
             "defer": "deferred",
             "renewed": "renewed", "scheduled": "scheduled"}
 #: commands whose answers are remembered (the others are safe to apply twice)
-_REMEMBERED = ("acquire", "acquire_deferred", "settle", "announce", "cancel")
+_REMEMBERED = ("acquire", "acquire_deferred", "settle", "announce", "cancel", "lock_session",
+               "renew_session", "release_session", "set_session_state")
 #: most timer entries one command handles; the rest wait for the next sweep
 MAX_DUE_PER_COMMAND = 5_000
+#: states of offsets still to be handed out or settled (they hold ``start``)
+_IN_PLAY = (LOCKED, AVAILABLE, QUEUED)
 _GRANT_STATE = {DEAD_LOCKED: "deadletter", TRANSFER_DEAD_LOCKED: "transferdeadletter",
                 DEFERRED_LOCKED: "deferred"}
 
@@ -96,6 +100,8 @@ class InflightWindow:
         self.default_ttl_ms = 0
         self.forward_to: str | None = None
         self.forward_dead_letters_to: str | None = None
+        #: messages are handed out session by session (streams.sessions)
+        self.requires_session = False
         #: the offset of the queue definition the policy above comes from (-1: none yet)
         self.policy_version = -1
         #: Accepted up to here (queues whose headers the engine scans); None: not scanned.
@@ -125,12 +131,13 @@ class InflightWindow:
         self.entries = Entries(self.txn, self.prefix, self.counts)
         self.due = DueIndex(self.txn, self.prefix)
         self.answers = Answers(self.txn, self.prefix)
+        self.sessions = sessions.SessionIndex(self.txn, self.prefix)
 
     # ----------------------------------------------------------------- header
     _HEADER_FIELDS = ("start", "next", "hw", "lock_ms", "max_delivery", "dead_letter_expired",
                       "duplicate_window_ms", "default_ttl_ms", "forward_to",
-                      "forward_dead_letters_to", "policy_version", "scanned", "counts", "ahead",
-                      "totals", "wake", "retained", "secret")
+                      "forward_dead_letters_to", "requires_session", "policy_version",
+                      "scanned", "counts", "ahead", "totals", "wake", "retained", "secret")
 
     def header(self) -> dict[str, Any]:
         return {"entity": self.entity, "partition": self.partition,
@@ -210,6 +217,7 @@ class InflightWindow:
         before = self.header()
         if policy is not None:
             self._adopt(*policy)
+        sessions.guard(self, cmd, now)
         if cmd.op in _REMEMBERED:
             stored = self.answers.get(cmd.id)
             if stored is not None:
@@ -222,6 +230,7 @@ class InflightWindow:
         self._advance_start()
         for ev in events:
             self.totals[ev.type] = self.totals.get(ev.type, 0) + ev.count
+        self.sessions.flush()
         self.entries.flush()
         self.wake = self.due.first()
         self.retained = self.retained_from()
@@ -244,7 +253,7 @@ class InflightWindow:
             return self.stats()
         if cmd.op == "peek":
             self.see_log_end(args["hw"], events)
-            return self._peek(args["sub"], args["from"], args["max"])
+            return self._peek(args["sub"], args["from"], args["max"], args.get("session"))
         if cmd.op == "announce":
             return self._announce(args["items"], events)
         if cmd.op == "cancel":
@@ -253,6 +262,21 @@ class InflightWindow:
             return acceptance.accept(self, args["from"], args["to"], args["items"], events)
         if cmd.op == "dead_forwarded":
             return acceptance.dead_forwarded(self, args["offsets"], events)
+        return self._session_op(cmd, now, events)
+
+    def _session_op(self, cmd: Command, now: int, events: list[Event]) -> dict[str, Any]:
+        if cmd.op == "lock_session":
+            return sessions.lock(self, cmd, now, events)
+        if cmd.op == "renew_session":
+            return sessions.renew(self, cmd, now)
+        if cmd.op == "release_session":
+            return sessions.release(self, cmd, events)
+        if cmd.op == "session_state":
+            return sessions.get_state(self, cmd)
+        if cmd.op == "set_session_state":
+            return sessions.set_state(self, cmd, now)
+        if cmd.op == "list_sessions":
+            return sessions.listing(self, cmd, now)
         return {}  # expire: what happened before dispatching is all it asks for
 
     def _announce(self, items: list[list[int]], events: list[Event]) -> dict[str, Any]:
@@ -281,6 +305,7 @@ class InflightWindow:
         self.default_ttl_ms = policy.default_ttl_ms
         self.forward_to = policy.forward_to
         self.forward_dead_letters_to = policy.forward_dead_letters_to
+        self.requires_session = policy.requires_session
         if policy.scanned and self.scanned is None:
             # From here on the scanner accepts offsets before they are handed out.
             self.scanned = self.next
@@ -291,32 +316,42 @@ class InflightWindow:
         """What is needed to answer the command again, compactly."""
         if "grants" in result:  # acquires are rebuilt from the entries they locked
             return {"locked": [g[0] for g in result["grants"] if g[1] is not None],
-                    "deleted": [[g[0], g[3]] for g in result["grants"] if g[1] is None]}
+                    "deleted": [[g[0], g[3]] for g in result["grants"] if g[1] is None],
+                    "batch": result.get("batch", batch_id(cmd.id))}
+        if "results" not in result:  # session operations: small answers, kept whole
+            return {"whole": result}
         answers = result["results"]  # settlements: only the answers that are not "ok"
         return {"n": len(answers),
                 "x": [[i, *a] for i, a in enumerate(answers) if a != ["ok", 0]]}
 
     def _replay(self, cmd: Command, stored: dict[str, Any]) -> dict[str, Any]:
+        if "whole" in stored:
+            whole: dict[str, Any] = stored["whole"]
+            return whole
         if "n" in stored:
             answers: list[list[Any]] = [["ok", 0] for _ in range(stored["n"])]
             for index, status, until in stored["x"]:
                 answers[index] = [status, until]
             return {"results": answers}
-        batch = batch_id(cmd.id)
+        batch = stored.get("batch", batch_id(cmd.id))
         grants = []
         for offset in stored["locked"]:  # those this acquire still holds
             entry = self.entries.get(offset)
             if entry is not None and entry.batch == batch and (
                     entry.state == LOCKED or entry.state in PARKED_LOCKED):
-                grants.append(self._grant(offset, entry))
+                grants.append(self.grant(offset, entry))
         grants += [[o, None, 0, dc, None, None, None, "active"] for o, dc in stored["deleted"]]
         return {"grants": grants, "next": self.next}
 
     # ------------------------------------------------------------------ store
     def put(self, offset: int, entry: Entry | None) -> None:
-        """Set the entry of an offset, counting those not yet reached."""
+        """Set the entry of an offset, counting those not yet reached, and
+        keeping the sessions' pending offsets in step."""
+        old = self.entries.get(offset)
         if offset >= self.next:
-            self.ahead += (entry is not None) - (self.entries.get(offset) is not None)
+            self.ahead += (entry is not None) - (old is not None)
+        if (old is not None and old.session) or (entry is not None and entry.session):
+            entry = sessions.on_put(self, offset, old, entry)
         self.entries.put(offset, entry)
 
     def settled(self, offset: int) -> None:
@@ -354,10 +389,12 @@ class InflightWindow:
                         unparked.append(offset)
             elif kind == SCHEDULE:
                 came_due += [o for o in items if self._is_due(o, now)]
+            elif kind == SESSION:
+                sessions.lapse(self, items, now, events)
             else:
                 acceptance.expire_due(self, now, items, events)
         lapsed, unparked = list(dict.fromkeys(lapsed)), list(dict.fromkeys(unparked))
-        self._release(lapsed, events, "lock_expired")
+        self.release(lapsed, events, "lock_expired")
         for offset in unparked:
             entry = self.entries.get(offset)
             assert entry is not None
@@ -372,7 +409,7 @@ class InflightWindow:
         entry = self.entries.get(offset)
         return entry is not None and entry.state == SCHEDULED and entry.until <= now
 
-    def _release(self, offsets: list[int], events: list[Event], kind: str | None) -> None:
+    def release(self, offsets: list[int], events: list[Event], kind: str | None) -> None:
         """Make locked offsets available again, or dead-letter the ones that
         have used up their deliveries."""
         back, dead = [], []
@@ -411,7 +448,7 @@ class InflightWindow:
     def _token(self, entry: Entry, offset: int) -> str:
         return lock_token(bytes.fromhex(self.secret), entry.batch, offset)
 
-    def _grant(self, offset: int, entry: Entry) -> list[Any]:
+    def grant(self, offset: int, entry: Entry) -> list[Any]:
         return [offset, self._token(entry, offset), entry.until, entry.deliveries,
                 entry.reason, entry.description, entry.source,
                 _GRANT_STATE.get(entry.state, "active")]
@@ -424,7 +461,7 @@ class InflightWindow:
             locked = Entry(state, entry.deliveries + 1, batch, until, reason=entry.reason,
                            description=entry.description, source=entry.source)
             self.put(offset, locked)
-            grants.append(self._grant(offset, locked))
+            grants.append(self.grant(offset, locked))
         self.due.add(until, LOCK, f"{batch:016x}", offsets)
         return grants
 
@@ -433,6 +470,8 @@ class InflightWindow:
         want, batch = cmd.args["max"], batch_id(cmd.id)
         until = now + self.lock_ms
         sub = cmd.args["sub"]
+        if sub == "active" and cmd.args.get("session") is not None:
+            return sessions.acquire(self, cmd, events)
         if sub in SUB_QUEUE_STATES:
             free, locked = SUB_QUEUE_STATES[sub]
             picked = self._first_in(FAMILIES[sub], free, want)
@@ -521,12 +560,12 @@ class InflightWindow:
             unlocked.setdefault((entry.until, entry.batch), []).append(offset)
             if action == "renew":
                 self.put(offset, replace(entry, until=renewed_until,
-                                         locked_at=self._locked_at(entry)))
+                                         locked_at=self.locked_at(entry)))
                 statuses.append(["ok", renewed_until])
                 done.setdefault("renewed", []).append(offset)
                 renewed.setdefault(entry.batch, []).append(offset)
                 continue
-            details[offset] = [now - self._locked_at(entry), entry.deliveries, enqueued]
+            details[offset] = [now - self.locked_at(entry), entry.deliveries, enqueued]
             if action == "schedule":
                 scheduling.park(self, offset, entry, at)
                 action = "scheduled"
@@ -550,7 +589,7 @@ class InflightWindow:
                                 enqueued=list(enqueued_at))
         return {"results": statuses}
 
-    def _locked_at(self, entry: Entry) -> int:
+    def locked_at(self, entry: Entry) -> int:
         return entry.locked_at if entry.locked_at is not None else entry.until - self.lock_ms
 
     def _apply_action(self, offset: int, entry: Entry, action: str, reason: str | None,
@@ -562,7 +601,7 @@ class InflightWindow:
                 entry = replace(entry, deliveries=max(entry.deliveries - 1, 0))
                 self.put(offset, entry)
             if entry.state == LOCKED:
-                self._release([offset], events, None)
+                self.release([offset], events, None)
             else:
                 self.put(offset, Entry(UNLOCKED[entry.state], entry.deliveries,
                                        reason=entry.reason, description=entry.description,
@@ -588,24 +627,34 @@ class InflightWindow:
         for redelivery): parked and settled offsets are passed over."""
         at_start = self.entries.get(self.start)
         if self.start >= self.next or (at_start is not None
-                                       and at_start.state in (LOCKED, AVAILABLE)):
+                                       and at_start.state in _IN_PLAY):
             return
         for offset, entry in self.entries.between(self.start, self.next):
-            if entry.state in (LOCKED, AVAILABLE):
+            if entry.state in _IN_PLAY:
                 self.start = offset
                 return
         self.start = self.next
 
     # -------------------------------------------------------------------- peek
-    def _peek(self, sub: str, first: int, want: int) -> dict[str, Any]:
+    def _peek(self, sub: str, first: int, want: int, session: str | None = None
+              ) -> dict[str, Any]:
         """Messages still in the (sub-)queue from offset ``first`` on, without
-        locking them: ``[offset, state, delivery_count, reason, description, source]``."""
+        locking them: ``[offset, state, delivery_count, reason, description, source]``;
+        with ``session``, only that session's active and deferred messages."""
         def shown(family: str, name: str) -> Iterator[tuple[int, list[Any]]]:
             return ((o, [o, name, e.deliveries, e.reason, e.description, e.source])
                     for o, e in self.entries.in_family(family, first))
 
         if sub in SUB_QUEUE_STATES:
             streams = [shown(FAMILIES[sub], sub)]
+        elif session is not None:
+            pending = ((o, [o, "active", e.deliveries, None, None, None])
+                       for o in self.sessions.offsets(session)
+                       if o >= first and (e := self.entries.get(o)) is not None)
+            deferred = ((o, [o, "deferred", e.deliveries, None, None, None])
+                        for o, e in self.entries.in_family(FAMILIES["deferred"], first)
+                        if e.session == session)
+            streams = [deferred, pending]
         else:
             early = ((o, [o, "active", e.deliveries, None, None, None])
                      for o, e in self.entries.in_family(FAMILIES["available"], first)
@@ -622,7 +671,7 @@ class InflightWindow:
             entry = self.entries.get(offset)
             if entry is None and offset >= self.next:
                 yield offset, [offset, "active", 0, None, None, None]
-            elif entry is not None and entry.state in (LOCKED, AVAILABLE):
+            elif entry is not None and entry.state in _IN_PLAY:
                 yield offset, [offset, "active", entry.deliveries, None, None, None]
 
     def dead_letters(self, limit: int) -> list[tuple[int, str | None, str | None]]:
@@ -643,7 +692,7 @@ class InflightWindow:
         count = self.entries.count
         unseen = max(0, self.hw - self.next - self.ahead)
         return {
-            "active": count(AVAILABLE, LOCKED) + unseen,
+            "active": count(AVAILABLE, LOCKED, QUEUED) + unseen,
             "locked": count(LOCKED),
             "deferred": count(DEFERRED, DEFERRED_LOCKED),
             "dead_letter": count(DEAD, DEAD_LOCKED),

@@ -33,6 +33,20 @@ Operations clients send, and their own fields:
                       keep messages invisible until due, expire them on time
 ``cancel``            ``offsets``: cancel scheduled messages
 
+Sessions (entities with ``requires_session``; see ``streams.sessions``). ``session``
+is a session id, ``token`` the session lock token ``lock_session`` answered:
+
+``lock_session``      ``session`` (null: the next available one): lock a session
+``renew_session``     ``session``, ``token``: extend the session lock
+``release_session``   ``session``, ``token``: give the session up (its locked
+                      messages are abandoned)
+``session_state``     ``session``, ``token``: the session state (base64, or null)
+``set_session_state`` ``session``, ``token``, ``state`` (base64, or null to clear)
+``list_sessions``     ``after`` (a session id, or null), ``max``, ``updated_after`` (ms or
+                      null): the window's sessions in id order
+``acquire`` and ``peek`` take ``session`` (and ``acquire`` its ``token``) to read one
+session's messages.
+
 Operations of the engine itself, which it runs in-process and refuses from the
 commands topic (error code ``Unauthorized``): ``expire`` (its lock timer
 lapses locks), ``accept`` (its log scanner vouches for the offsets of
@@ -55,12 +69,16 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from confluent_kafka.cimpl import murmur2
+
 from topics.rule_set import RuleSpec, selects_everything
 
 VERSION = 1
 #: what clients may send on the commands topic
+SESSION_OPERATIONS = frozenset({"lock_session", "renew_session", "release_session",
+                                "session_state", "set_session_state"})
 OPERATIONS = frozenset({"acquire", "acquire_deferred", "settle", "stats", "peek", "announce",
-                        "cancel"})
+                        "cancel", "list_sessions"}) | SESSION_OPERATIONS
 #: what only the engine's own timers and scanner issue, in-process
 ENGINE_OPERATIONS = frozenset({"expire", "accept", "dead_forwarded"})
 #: what takes effect only from an entity's definition, written by the
@@ -73,6 +91,10 @@ MODES = frozenset({"peek_lock", "receive_and_delete"})
 MAX_LOCK_MS = 5 * 60 * 1000
 MAX_ACQUIRE = 5000
 MAX_TEXT = 4096
+#: the longest session id, as in Service Bus
+MAX_SESSION_ID = 128
+#: the largest session state, in bytes (before base64)
+MAX_SESSION_STATE = 256 * 1024
 
 
 class CommandError(ValueError):
@@ -109,13 +131,17 @@ class Policy:
     begin: tuple[int, ...] = ()
     #: a subscription dead-letters messages its filters fail on
     dead_letter_filter_errors: bool = False
+    #: messages are delivered session by session (streams.sessions)
+    requires_session: bool = False
+    #: partitions of the entity's log (a session lives in one of them)
+    partitions: int = 1
 
     @property
     def scanned(self) -> bool:
         """Whether the engine reads this entity's log before handing messages out."""
         filtered = self.rules is not None and not selects_everything(self.rules)
         return bool(self.duplicate_window_ms or self.default_ttl_ms or self.forward_to
-                    or self.forward_dead_letters_to or filtered)
+                    or self.forward_dead_letters_to or filtered or self.requires_session)
 
 
 @dataclass
@@ -145,6 +171,13 @@ class Reply:
 def command_partition(window_key: str, partitions: int) -> int:
     """The commands-topic partition of a window; clients and engine agree on it."""
     return zlib.crc32(window_key.encode()) % partitions
+
+
+def session_partition(session_id: str, partitions: int) -> int:
+    """The partition a session's messages are in: Kafka's murmur2 partitioner
+    on the session id, the key senders give them (as Java clients do by
+    default, and confluent-kafka with ``partitioner=murmur2_random``)."""
+    return int(murmur2(session_id.encode(), partitions)) if partitions > 1 else 0
 
 
 def encode_command(cmd: Command) -> bytes:
@@ -212,14 +245,65 @@ def decode_command(raw: bytes | None) -> Command:
     return Command(cmd_id, op, entity, partition, reply, args)
 
 
+def _session_id(obj: dict[str, Any], *, required: bool) -> str | None:
+    value = obj.get("session")
+    if value is None and not required:
+        return None
+    if not valid_session_id(value):
+        raise CommandError(f"field 'session' must be a session id of 1..{MAX_SESSION_ID} "
+                           "characters without control characters")
+    return str(value)
+
+
+def valid_session_id(value: Any) -> bool:
+    """Whether ``value`` can name a session: text of 1..128 characters
+    without control characters (they would blur the engine's keys)."""
+    return (isinstance(value, str) and 0 < len(value) <= MAX_SESSION_ID
+            and value.isprintable())
+
+
+def _token(obj: dict[str, Any]) -> str:
+    token = obj.get("token")
+    if not isinstance(token, str) or not 0 < len(token) <= 64:
+        raise CommandError("field 'token' must be the session lock token lock_session answered")
+    return token
+
+
+def _decode_session_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
+    if op == "lock_session":
+        return {"session": _session_id(obj, required=False)}
+    args = {"session": _session_id(obj, required=True), "token": _token(obj)}
+    if op == "set_session_state":
+        state = obj.get("state")
+        if state is not None and (not isinstance(state, str)
+                                  or len(state) > (MAX_SESSION_STATE + 2) // 3 * 4):
+            raise CommandError(f"field 'state' must be base64 of at most {MAX_SESSION_STATE} "
+                               "bytes, or null")
+        args["state"] = state
+    return args
+
+
 def _decode_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
+    if op in SESSION_OPERATIONS:
+        return _decode_session_args(op, obj)
+    if op == "list_sessions":
+        after = obj.get("after")
+        if after is not None and not isinstance(after, str):
+            raise CommandError("field 'after' must be a session id or null")
+        updated = obj.get("updated_after")
+        return {"after": after, "max": _int(obj, "max", 1, MAX_ACQUIRE),
+                "updated_after": None if updated is None
+                else _int(obj, "updated_after", 0, 1 << 62)}
     if op == "acquire":
         if obj.get("sub") not in SUB_QUEUES:
             raise CommandError(f"field 'sub' must be one of {sorted(SUB_QUEUES)}")
         if obj.get("mode") not in MODES:
             raise CommandError(f"field 'mode' must be one of {sorted(MODES)}")
-        return {"sub": obj["sub"], "mode": obj["mode"], "max": _int(obj, "max", 1, MAX_ACQUIRE),
+        args = {"sub": obj["sub"], "mode": obj["mode"], "max": _int(obj, "max", 1, MAX_ACQUIRE),
                 "hw": _int(obj, "hw", 0, 1 << 62)}
+        if obj.get("session") is not None:  # a session receiver's
+            args.update(session=_session_id(obj, required=True), token=_token(obj))
+        return args
     if op in ("acquire_deferred", "cancel"):
         offsets = obj.get("offsets")
         if not isinstance(offsets, list) or not offsets or len(offsets) > MAX_ACQUIRE or not all(
@@ -243,8 +327,11 @@ def _decode_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
     if op == "peek":
         if obj.get("sub") not in SUB_QUEUES:
             raise CommandError(f"field 'sub' must be one of {sorted(SUB_QUEUES)}")
-        return {"sub": obj["sub"], "from": _int(obj, "from", 0, 1 << 62),
+        args = {"sub": obj["sub"], "from": _int(obj, "from", 0, 1 << 62),
                 "max": _int(obj, "max", 1, MAX_ACQUIRE), "hw": _int(obj, "hw", 0, 1 << 62)}
+        if obj.get("session") is not None:
+            args["session"] = _session_id(obj, required=True)
+        return args
     return {}
 
 

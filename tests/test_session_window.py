@@ -1,0 +1,137 @@
+"""Sessions in the window's state machine, on its own (no Kafka, no Faust):
+order, exclusivity, lapses, state, listing, and what idle sessions cost."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import time
+
+import pytest
+
+from streams.acceptance import NO_SESSION, Item
+from streams.states import SESSION_ID_NULL_REASON, Refused
+from streams.window import InflightWindow
+from topics.commands import Command, Policy
+
+_ids = itertools.count()
+POLICY = Policy(lock_ms=1000, max_delivery=3, requires_session=True)
+
+
+def cmd(op: str, **args: object) -> Command:
+    return Command(f"c{next(_ids)}", op, "q", 0, None, dict(args))
+
+
+def window_with(sessions: list[str | None]) -> InflightWindow:
+    """A session queue whose log holds one message per entry of ``sessions``
+    (None: a message without a session id), accepted by the scanner."""
+    win = InflightWindow("q", 0)
+    win.apply(cmd("stats", hw=0, version=-1), 0, policy=(0, POLICY))
+    items = [Item(o, session=s) if s is not None else Item(o, mark=NO_SESSION)
+             for o, s in enumerate(sessions)]
+    result = win.apply(cmd("accept", **{"from": 0, "to": len(sessions), "items": items}), 0)
+    assert result.result["accepted"]
+    return win
+
+
+def lock(win: InflightWindow, session: str | None, now: int) -> dict:
+    return win.apply(cmd("lock_session", session=session), now).result
+
+
+def receive(win: InflightWindow, held: dict, now: int, n: int = 10) -> list[list]:
+    return win.apply(cmd("acquire", sub="active", mode="peek_lock", max=n, hw=0,
+                         session=held["session"], token=held["token"]), now).result["grants"]
+
+
+def settle(win: InflightWindow, grants: list[list], action: str, now: int) -> list[str]:
+    items = [[g[0], g[1], action, None, None, None, None] for g in grants]
+    return [r[0] for r in win.apply(cmd("settle", items=items), now).result["results"]]
+
+
+def test_a_session_is_handed_out_in_order_and_only_to_its_holder() -> None:
+    win = window_with(["a", "b", "a", "b", "a"])
+    held = lock(win, "a", 0)
+    assert [g[0] for g in receive(win, held, 1)] == [0, 2, 4]
+    assert lock(win, "a", 2)["taken"]
+    other = lock(win, None, 2)  # the next available session is b
+    assert other["session"] == "b"
+    assert [g[0] for g in receive(win, other, 3)] == [1, 3]
+    assert lock(win, None, 4) == {"session": None}
+
+
+def test_abandoned_message_comes_back_before_later_ones() -> None:
+    win = window_with(["a", "a", "a"])
+    held = lock(win, "a", 0)
+    first = receive(win, held, 1, n=1)
+    assert settle(win, first, "abandon", 2) == ["ok"]
+    again = receive(win, held, 3, n=2)
+    assert [(g[0], g[3]) for g in again] == [(0, 2), (1, 1)]  # (offset, delivery count)
+
+
+def test_session_lock_lapse_releases_its_messages_counting_a_delivery() -> None:
+    win = window_with(["a", "a"])
+    held = lock(win, "a", 0)
+    grants = receive(win, held, 1)
+    with pytest.raises(Refused, match="lock on session 'a'"):
+        receive(win, held, 1500)  # lapsed (lock_ms 1000)
+    assert settle(win, grants, "complete", 1500) == ["lock_lost", "lock_lost"]
+    after = lock(win, None, 1600)
+    assert after["session"] == "a"
+    assert [(g[0], g[3]) for g in receive(win, after, 1601)] == [(0, 2), (1, 2)]
+
+
+def test_renewing_the_session_keeps_its_messages_locked() -> None:
+    win = window_with(["a"])
+    held = lock(win, "a", 0)
+    grants = receive(win, held, 1)
+    until = win.apply(cmd("renew_session", session="a", token=held["token"]), 900).result
+    assert until == {"until": 1900}
+    assert grants[0][2] == 1000 and win.entries.get(0).until == 1900
+    assert settle(win, grants, "complete", 1500) == ["ok"]
+    assert win.stats()["active"] == 0
+
+
+def test_completing_a_session_leaves_no_key_behind_but_its_state() -> None:
+    win = window_with(["a", "a"])
+    held = lock(win, "a", 0)
+    state = base64.b64encode(b"step 2").decode()
+    win.apply(cmd("set_session_state", session="a", token=held["token"], state=state), 1)
+    settle(win, receive(win, held, 2), "complete", 3)
+    win.apply(cmd("release_session", session="a", token=held["token"]), 4)
+    left = {k[len(win.prefix):len(win.prefix) + 1] for k in win.store._keys
+            if k.startswith(win.prefix)}
+    assert left == {b"s", b"v", b"e", b"a"}  # session record, its state, answers
+    again = lock(win, "a", 5)
+    assert win.apply(cmd("session_state", session="a", token=again["token"]),
+                     6).result["state"] == state
+    rows = win.apply(cmd("list_sessions", after=None, max=100, updated_after=None),
+                     7).result["sessions"]
+    assert rows == [["a", 0, 1005, 6, 1]]
+
+
+def test_message_without_session_id_is_dead_lettered_with_the_seeds_reason() -> None:
+    win = window_with([None, "a"])
+    assert win.entries.get(0).reason == SESSION_ID_NULL_REASON
+    assert win.stats()["dead_letter"] == 1 and win.stats()["active"] == 1
+
+
+def test_a_plain_receive_is_refused_on_a_session_queue() -> None:
+    win = window_with(["a"])
+    with pytest.raises(Refused, match="requires sessions"):
+        win.apply(cmd("acquire", sub="active", mode="peek_lock", max=1, hw=1), 1)
+
+
+def test_idle_sessions_cost_a_command_nothing() -> None:
+    """The next available session is the first key of an index: 100,000
+    sessions waiting cost no more than 100."""
+    def lock_time(count: int) -> float:
+        win = window_with([f"s{i:06d}" for i in range(count)])
+        started = time.perf_counter()
+        for _ in range(50):
+            held = lock(win, None, 1)
+            settle(win, receive(win, held, 2), "complete", 3)
+            win.apply(cmd("release_session", session=held["session"], token=held["token"]), 4)
+        return time.perf_counter() - started
+
+    few, many = lock_time(100), lock_time(100_000)
+    assert many < few * 3 + 0.05, (few, many)
