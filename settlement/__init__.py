@@ -4,6 +4,11 @@ Port code from ``azure.servicebus`` by changing the import and the connection
 string (``Endpoint=kafka://HOST:PORT;Namespace=NAME``).
 """
 
+from settlement._session import (
+    NEXT_AVAILABLE_SESSION,
+    ServiceBusSession,
+    ServiceBusSessionFilter,
+)
 from settlement.batch import ServiceBusMessageBatch
 from settlement.client import ServiceBusClient
 from settlement.lock_renewer import AutoLockRenewer
@@ -17,6 +22,7 @@ from settlement.receiver import (
 from settlement.sender import ServiceBusSender
 
 __all__ = [
+    "NEXT_AVAILABLE_SESSION",
     "AutoLockRenewer",
     "ServiceBusClient",
     "ServiceBusMessage",
@@ -26,6 +32,8 @@ __all__ = [
     "ServiceBusReceivedMessage",
     "ServiceBusReceiver",
     "ServiceBusSender",
+    "ServiceBusSession",
+    "ServiceBusSessionFilter",
     "ServiceBusSubQueue",
     "SettlementResult",
 ]

@@ -18,9 +18,13 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from settlement.exceptions import (
+    InvalidOperationError,
     OperationTimeoutError,
+    ServiceBusAuthorizationError,
     ServiceBusCommunicationError,
     ServiceBusConnectionError,
+    ServiceBusError,
+    SessionLockLostError,
 )
 from topics import names
 from topics.commands import (
@@ -35,6 +39,20 @@ from topics.connection import ConnectionSettings
 from topics.offsets import take
 
 log = logging.getLogger(__name__)
+
+
+#: the engine's error codes that have their own exception
+_ERRORS: dict[str, type[ServiceBusError]] = {
+    "Unauthorized": ServiceBusAuthorizationError, "SessionLockLost": SessionLockLostError,
+    "SessionRequired": InvalidOperationError, "InvalidOperation": InvalidOperationError}
+
+
+def check_reply(reply: Reply, entity_path: str) -> None:
+    """Raise the error the engine answered, if it refused the command."""
+    if not reply.ok:
+        error = _ERRORS.get(reply.error_code, ServiceBusError)
+        raise error(f"the engine refused a command on {entity_path}: "
+                    f"{reply.error_message}", error_code=reply.error_code)
 
 
 class EngineLink:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
 from settlement._properties import QueueProperties
+from settlement._session import ServiceBusSessionFilter
+from settlement._session_listing import session_ids
 from settlement._settle_batcher import SettleBatcher
 from settlement._subscription_rules import SubscriptionRules
 from settlement._topic_properties import SubscriptionProperties
@@ -57,44 +60,65 @@ class ServiceBusClient:
                            receive_mode: ServiceBusReceiveMode | str =
                            ServiceBusReceiveMode.PEEK_LOCK,
                            max_wait_time: float | None = None, prefetch_count: int = 0,
+                           session_id: str | ServiceBusSessionFilter | None = None,
                            **_: Any) -> ServiceBusReceiver:
         """A receiver of ``queue_name`` (or ``queue/$deadletterqueue``; a
-        subscription path ``topic/subscriptions/sub`` works too)."""
+        subscription path ``topic/subscriptions/sub`` works too). On a
+        session-enabled queue, ``session_id`` names the session to lock, or
+        is ``NEXT_AVAILABLE_SESSION``."""
         name, is_dead_letter = parse_entity_path(queue_name)
         if names.SUBSCRIPTIONS in name:
             topic, subscription = names.split_subscription_path(name)
             return self.get_subscription_receiver(
                 topic, subscription, receive_mode=receive_mode, max_wait_time=max_wait_time,
-                prefetch_count=prefetch_count,
+                prefetch_count=prefetch_count, session_id=session_id,
                 sub_queue=ServiceBusSubQueue.DEAD_LETTER if is_dead_letter else sub_queue)
         props = self._registry.get(name, fresh=True)
         return self._receiver(props, None, sub_queue=ServiceBusSubQueue.DEAD_LETTER
                               if is_dead_letter else sub_queue, receive_mode=receive_mode,
-                              max_wait_time=max_wait_time, prefetch_count=prefetch_count)
+                              max_wait_time=max_wait_time, prefetch_count=prefetch_count,
+                              session_id=session_id)
 
     def get_subscription_receiver(self, topic_name: str, subscription_name: str, *,
                                   sub_queue: ServiceBusSubQueue | str | None = None,
                                   receive_mode: ServiceBusReceiveMode | str =
                                   ServiceBusReceiveMode.PEEK_LOCK,
                                   max_wait_time: float | None = None, prefetch_count: int = 0,
+                                  session_id: str | ServiceBusSessionFilter | None = None,
                                   **_: Any) -> ServiceBusReceiver:
         """A receiver of one subscription of ``topic_name`` (or of its
         dead-letter sub-queue), with every feature of a queue receiver."""
         props = self._registry.get_subscription(topic_name, subscription_name, fresh=True)
         rules = SubscriptionRules(self._registry, topic_name, subscription_name)
         return self._receiver(props, rules, sub_queue=sub_queue, receive_mode=receive_mode,
-                              max_wait_time=max_wait_time, prefetch_count=prefetch_count)
+                              max_wait_time=max_wait_time, prefetch_count=prefetch_count,
+                              session_id=session_id)
+
+    def list_queue_sessions(self, queue_name: str, state_updated_after: dt.datetime | None = None,
+                            **_: Any) -> list[str]:
+        """Ids of the queue's sessions that have active messages or stored
+        state; with ``state_updated_after``, those whose state was set since."""
+        props = self._registry.get(queue_name, fresh=True)
+        return session_ids(self._engine(), props, state_updated_after)
+
+    def list_subscription_sessions(self, topic_name: str, subscription_name: str,
+                                   state_updated_after: dt.datetime | None = None,
+                                   **_: Any) -> list[str]:
+        """:meth:`list_queue_sessions` for a subscription."""
+        props = self._registry.get_subscription(topic_name, subscription_name, fresh=True)
+        return session_ids(self._engine(), props, state_updated_after)
 
     def _receiver(self, props: QueueProperties | SubscriptionProperties,
                   rules: SubscriptionRules | None, *,
                   sub_queue: ServiceBusSubQueue | str | None,
                   receive_mode: ServiceBusReceiveMode | str, max_wait_time: float | None,
-                  prefetch_count: int) -> ServiceBusReceiver:
+                  prefetch_count: int, session_id: str | ServiceBusSessionFilter | None
+                  ) -> ServiceBusReceiver:
         receiver = ServiceBusReceiver(
             self.settings, self._engine(), self._settle_batcher(), props,
             sub_queue=ServiceBusSubQueue(sub_queue) if sub_queue else None,
             receive_mode=ServiceBusReceiveMode(receive_mode), max_wait_time=max_wait_time,
-            prefetch_count=prefetch_count, rules=rules)
+            prefetch_count=prefetch_count, rules=rules, session_id=session_id)
         self._handlers.append(receiver)
         return receiver
 

@@ -82,6 +82,18 @@ class MessageLockLostError(ServiceBusError):
     """The lock on the message expired or is held under another token."""
 
 
+class SessionLockLostError(ServiceBusError):
+    """The session lock lapsed or was given up; the locks of the messages
+    received under it went with it. Open a new session receiver."""
+
+
+class SessionCannotBeLockedError(ServiceBusError):
+    """Another receiver holds the session's lock; try again once it closes
+    or its lock lapses."""
+
+    retryable_default = True
+
+
 class MessageNotFoundError(ServiceBusError):
     pass
 

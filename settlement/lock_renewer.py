@@ -1,4 +1,4 @@
-"""AutoLockRenewer: keeps message locks alive while a handler works."""
+"""AutoLockRenewer: keeps message and session locks alive while a handler works."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from settlement._session import ServiceBusSession
 from settlement.exceptions import AutoLockRenewTimeout, ServiceBusError
 from settlement.message import ServiceBusReceivedMessage
 
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from settlement.receiver import ServiceBusReceiver
 
 log = logging.getLogger(__name__)
-FailureCallback = Callable[[ServiceBusReceivedMessage, Exception | None], Any]
+FailureCallback = Callable[[Any, Exception | None], Any]
 
 
 class AutoLockRenewer:
@@ -40,12 +41,22 @@ class AutoLockRenewer:
         self._thread = threading.Thread(target=self._run, name="lock-renewer", daemon=True)
         self._thread.start()
 
-    def register(self, receiver: ServiceBusReceiver, renewable: ServiceBusReceivedMessage,
+    def register(self, receiver: ServiceBusReceiver,
+                 renewable: ServiceBusReceivedMessage | ServiceBusSession,
                  max_lock_renewal_duration: float | None = None,
                  on_lock_renew_failure: FailureCallback | None = None) -> None:
+        """Keep ``renewable``'s lock: a received message, or a session
+        receiver's ``receiver.session`` (whose messages share its lock)."""
         if self._stop.is_set():
             raise ServiceBusError("the AutoLockRenewer is closed: create a new one")
         limit = time.monotonic() + (max_lock_renewal_duration or self._max_duration)
+        if isinstance(renewable, ServiceBusSession):
+            thread = threading.Thread(target=self._keep_session, name="session-renewer",
+                                      args=(receiver, renewable, limit,
+                                            on_lock_renew_failure or self._on_failure),
+                                      daemon=True)
+            thread.start()
+            return
         with self._lock:
             self._entries.append((receiver, renewable, limit,
                                   on_lock_renew_failure or self._on_failure))
@@ -91,6 +102,31 @@ class AutoLockRenewer:
                 failed.append(message)
         return failed
 
+    def _keep_session(self, receiver: ServiceBusReceiver, session: ServiceBusSession,
+                      limit: float, on_failure: FailureCallback | None) -> None:
+        """Renew one session's lock until its receiver closes, the renewer
+        closes or the time allowed runs out."""
+        margin = min(10.0, receiver._props.lock_duration.total_seconds() / 2)
+        while not self._stop.wait(0.1) and not receiver._closed:
+            if session.locked_until_utc is None:
+                continue  # not locked yet: the receiver opens it on first use
+            left = (session.locked_until_utc - dt.datetime.now(dt.UTC)).total_seconds()
+            if left >= margin:
+                continue
+            if time.monotonic() > limit:
+                error: Exception = AutoLockRenewTimeout(
+                    f"stopped renewing the lock of session {session.session_id!r}: "
+                    "max_lock_renewal_duration passed")
+            else:
+                try:
+                    session.renew_lock()
+                    continue
+                except (ServiceBusError, ValueError) as exc:
+                    error = exc
+            session.auto_renew_error = error
+            self._failed(session, on_failure, error)
+            return
+
     @staticmethod
     def _due(message: ServiceBusReceivedMessage, receiver: ServiceBusReceiver) -> bool:
         if message.locked_until_utc is None:
@@ -100,11 +136,11 @@ class AutoLockRenewer:
         return left < margin
 
     @staticmethod
-    def _failed(message: ServiceBusReceivedMessage, on_failure: FailureCallback | None,
-                exc: Exception) -> None:
-        log.warning("lock renewal of message %s failed: %s", message.sequence_number, exc)
+    def _failed(renewable: ServiceBusReceivedMessage | ServiceBusSession,
+                on_failure: FailureCallback | None, exc: Exception) -> None:
+        log.warning("lock renewal of %s failed: %s", _name(renewable), exc)
         if on_failure is not None:
-            on_failure(message, exc)
+            on_failure(renewable, exc)
 
     def close(self, wait: bool = True) -> None:
         self._stop.set()
@@ -116,3 +152,9 @@ class AutoLockRenewer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _name(renewable: ServiceBusReceivedMessage | ServiceBusSession) -> str:
+    if isinstance(renewable, ServiceBusSession):
+        return f"session {renewable.session_id!r}"
+    return f"message {renewable.sequence_number}"

@@ -49,6 +49,9 @@ class ServiceBusMessage:
             if value is not None and len(value) > MAX_ID_LENGTH:
                 raise ValueError(f"{name} is {len(value)} characters; at most "
                                  f"{MAX_ID_LENGTH} are allowed")
+        if session_id is not None and partition_key is not None and partition_key != session_id:
+            raise ValueError("partition_key must equal session_id when both are set: a "
+                             "session's messages are partitioned by its id")
         self.application_properties = dict(application_properties or {})
         try:
             json.dumps(self.application_properties)

@@ -21,10 +21,11 @@ from typing import Any
 
 from settlement import _read_ahead as read_ahead
 from settlement import _wire
-from settlement._engine_link import EngineLink
+from settlement._engine_link import EngineLink, check_reply
 from settlement._log_reader import PartitionReader
 from settlement._properties import QueueProperties
 from settlement._sequence import split_sequence_number
+from settlement._session import ServiceBusSession, ServiceBusSessionFilter
 from settlement._settle_batcher import SettleBatcher
 from settlement._subscription_rules import SubscriptionRules
 from settlement._topic_properties import SubscriptionProperties
@@ -32,13 +33,11 @@ from settlement.exceptions import (
     InvalidOperationError,
     MessageAlreadySettled,
     MessageLockLostError,
-    ServiceBusAuthorizationError,
     ServiceBusError,
 )
 from settlement.message import ServiceBusReceivedMessage
 from settlement.processor import MessageProcessor
 from topics import names
-from topics.commands import Reply
 from topics.connection import ConnectionSettings
 
 log = logging.getLogger(__name__)
@@ -82,7 +81,8 @@ class ServiceBusReceiver:
                  sub_queue: ServiceBusSubQueue | None = None,
                  receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
                  max_wait_time: float | None = None, prefetch_count: int = 0,
-                 rules: SubscriptionRules | None = None) -> None:
+                 rules: SubscriptionRules | None = None,
+                 session_id: str | ServiceBusSessionFilter | None = None) -> None:
         self._entity = props.path
         self.entity_path = props.path + {
             None: "", ServiceBusSubQueue.DEAD_LETTER: names.DEAD_LETTER_SUFFIX,
@@ -102,12 +102,35 @@ class ServiceBusReceiver:
         self._turn = itertools.cycle(range(props.partition_count))
         self._peek_from = (0, 0)
         self._closed = False
+        self._session = self._session_for(link, props, session_id, sub_queue)
         # Only a receiver asked to prefetch locks messages the application has
         # not asked for yet, as in the SDK (prefetch_count=0: none).
         self._read_ahead = (read_ahead.ReadAhead(self._receive_round, self._release)
                             if prefetch_count > 0
                             and self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK
-                            and self._sub == "active" else None)
+                            and self._sub == "active" and self._session is None else None)
+
+    @staticmethod
+    def _session_for(link: EngineLink, props: QueueProperties | SubscriptionProperties,
+                     session_id: str | ServiceBusSessionFilter | None,
+                     sub_queue: ServiceBusSubQueue | None) -> ServiceBusSession | None:
+        if session_id is None or sub_queue is not None:
+            return None  # the sub-queues of a session-enabled entity have no sessions
+        if not props.requires_session:
+            raise InvalidOperationError(
+                f"{props.path} does not require sessions: receive from it without session_id "
+                "(or create it with requires_session=True)")
+        return ServiceBusSession(link, props.path, props.partition_count, session_id)
+
+    @property
+    def session(self) -> ServiceBusSession | None:
+        """The session this receiver holds (None: not a session receiver)."""
+        return self._session
+
+    def _open(self) -> None:
+        """Lock the session of a session receiver, on its first use."""
+        if self._session is not None and not self._closed:
+            self._session.open(self._max_wait_time)
 
     # ----------------------------------------------------------------- receive
     def receive_messages(self, max_message_count: int | None = 1,
@@ -116,6 +139,7 @@ class ServiceBusReceiver:
         seconds for the first (the receiver's own ``max_wait_time`` when None;
         when both are None, waits until a message arrives)."""
         self._check_open()
+        self._open()
         want = max(1, max_message_count or 1)
         got = self._fresh(self._read_ahead.take(want)) if self._read_ahead else []
         if not got:
@@ -149,6 +173,8 @@ class ServiceBusReceiver:
         return []
 
     def _receive_round(self, want: int) -> list[ServiceBusReceivedMessage]:
+        if self._session is not None:
+            return self._receive_session(want)
         got: list[ServiceBusReceivedMessage] = []
         for _ in range(self._props.partition_count):
             if len(got) >= want:
@@ -160,9 +186,23 @@ class ServiceBusReceiver:
                                      sub=self._sub, mode=self.receive_mode.value,
                                      max=want - len(got), hw=hw)
             reply = self._link.call(cmd)
-            _raise_for(reply, self.entity_path)
+            check_reply(reply, self.entity_path)
             got += self._materialize(partition, reply.result["grants"])
         return got
+
+    def _receive_session(self, want: int) -> list[ServiceBusReceivedMessage]:
+        """The held session's next messages, in order, from its partition."""
+        assert self._session is not None
+        partition = self._session.partition
+        cmd = self._link.command("acquire", self._entity, partition, sub="active",
+                                 mode=self.receive_mode.value, max=want,
+                                 hw=self._reader(partition).high_watermark(),
+                                 **self._session.args())
+        reply = self._link.call(cmd)
+        if not reply.ok and reply.error_code == "SessionLockLost":
+            raise self._session.lost()
+        check_reply(reply, self.entity_path)
+        return self._materialize(partition, reply.result["grants"])
 
     def _materialize(self, partition: int, grants: list[list[Any]], *, peeked: bool = False
                      ) -> list[ServiceBusReceivedMessage]:
@@ -209,7 +249,7 @@ class ServiceBusReceiver:
             message._settled = self.receive_mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE
             out.append(message)
         if withheld and not peeked and self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK:
-            _raise_for(self._link.call(self._link.command(
+            check_reply(self._link.call(self._link.command(
                 "settle", self._entity, partition, items=withheld)),
                 self.entity_path)
         return out
@@ -257,16 +297,23 @@ class ServiceBusReceiver:
         """Browse messages without locking them, from ``sequence_number`` (or
         where the previous peek stopped); each carries its ``state``."""
         self._check_open()
+        self._open()
         if sequence_number is not None:
             self._peek_from = split_sequence_number(sequence_number)
         partition, offset = self._peek_from
+        last = self._props.partition_count
+        only: dict[str, Any] = {}
+        if self._session is not None:  # a session receiver peeks its session
+            partition = max(partition, self._session.partition)
+            last = self._session.partition + 1
+            only = {"session": self._session.session_id}
         out: list[ServiceBusReceivedMessage] = []
-        while partition < self._props.partition_count and len(out) < max_message_count:
+        while partition < last and len(out) < max_message_count:
             hw = self._reader(partition).high_watermark()
             reply = self._link.call(self._link.command(
                 "peek", self._entity, partition, sub=self._sub,
-                **{"from": offset}, max=max_message_count - len(out), hw=hw))
-            _raise_for(reply, self.entity_path)
+                **{"from": offset}, max=max_message_count - len(out), hw=hw, **only))
+            check_reply(reply, self.entity_path)
             entries = reply.result["messages"]
             grants = [[o, None, 0, count, reason, description, source, state]
                       for o, state, count, reason, description, source in entries]
@@ -293,7 +340,7 @@ class ServiceBusReceiver:
         for partition, offsets in sorted(by_partition.items()):
             reply = self._link.call(self._link.command(
                 "acquire_deferred", self._entity, partition, offsets=offsets))
-            _raise_for(reply, self.entity_path)
+            check_reply(reply, self.entity_path)
             out += self._materialize(partition, reply.result["grants"])
         return out
 
@@ -317,6 +364,10 @@ class ServiceBusReceiver:
 
     def renew_message_lock(self, message: ServiceBusReceivedMessage, **_: Any) -> dt.datetime:
         """Extend the lock by the queue's lock duration; return the new end."""
+        if self._session is not None:
+            raise TypeError("Renewing message lock is an invalid operation when working with "
+                            "sessions: renew the session lock (receiver.session.renew_lock(), "
+                            "or AutoLockRenewer.register(receiver, receiver.session))")
         result = self.settle_messages([message], "renew")[0]
         if result.error is not None:
             raise result.error
@@ -361,7 +412,7 @@ class ServiceBusReceiver:
                     self._entity, partition,
                     [[m.offset, m.lock_token, action, reason, description, None, _enqueued_ms(m)]
                      for m in group])
-                _raise_for(reply, self.entity_path)
+                check_reply(reply, self.entity_path)
                 for message, (status, until) in zip(group, reply.result["results"],
                                                     strict=True):
                     results[id(message)] = SettlementResult(
@@ -393,6 +444,9 @@ class ServiceBusReceiver:
         if status == "invalid":
             return InvalidOperationError(
                 f"cannot {action} message {message.sequence_number} of {self.entity_path}")
+        if self._session is not None:
+            # In a session, message locks end only with the session lock.
+            return self._session.lost()
         return MessageLockLostError(
             f"the lock on message {message.sequence_number} of {self.entity_path} was lost "
             "(it expired or another receiver holds it): the message will be redelivered; "
@@ -421,12 +475,15 @@ class ServiceBusReceiver:
     def close(self) -> None:
         if self._read_ahead is not None and not self._closed:
             self._read_ahead.close()
+        if self._session is not None and not self._closed:
+            self._session.release()
         self._closed = True
         for reader in self._readers.values():
             reader.close()
         self._readers.clear()
 
     def __enter__(self) -> ServiceBusReceiver:
+        self._open()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -451,10 +508,3 @@ def _enqueued_ms(message: ServiceBusReceivedMessage) -> int | None:
     stamp = message.enqueued_time_utc
     return max(0, _wire.epoch_ms(stamp)) if stamp is not None else None
 
-
-def _raise_for(reply: Reply, entity_path: str) -> None:
-    if not reply.ok:
-        error = (ServiceBusAuthorizationError if reply.error_code == "Unauthorized"
-                 else ServiceBusError)
-        raise error(f"the engine refused a command on {entity_path}: "
-                    f"{reply.error_message}", error_code=reply.error_code)

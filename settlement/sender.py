@@ -12,9 +12,11 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from settlement import _wire
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
+from settlement._properties import QueueProperties
 from settlement._sequence import sequence_number, split_sequence_number
 from settlement.batch import ServiceBusMessageBatch
 from settlement.exceptions import (
+    InvalidOperationError,
     MessageNotFoundError,
     MessageSizeExceededError,
     MessagingEntityNotFoundError,
@@ -60,12 +62,14 @@ class ServiceBusSender:
         self.peak_in_flight = 0
         self._count_lock = threading.Lock()
         self._max_bytes: int | None = None
+        self._requires_session = False
 
     def _check_entity(self) -> int:
         if self._max_bytes is None:
             props = (self._registry.get_topic if self._is_topic else self._registry.get)(
                 self.entity_name)
             self._max_bytes = props.max_message_size_in_kilobytes * 1024
+            self._requires_session = isinstance(props, QueueProperties) and props.requires_session
         return self._max_bytes
 
     def create_message_batch(self, max_size_in_bytes: int | None = None) -> ServiceBusMessageBatch:
@@ -144,6 +148,12 @@ class ServiceBusSender:
         except MessagingEntityNotFoundError:
             self._max_bytes = None
             raise
+        if self._requires_session:
+            for m in messages:
+                if m.session_id is None:
+                    raise InvalidOperationError(
+                        f"queue {self.entity_name!r} requires sessions: set session_id on "
+                        f"message {m.message_id or ''} (ServiceBusMessage(..., session_id=...))")
         records = [_wire.encode(m) for m in messages]
         for m, (key, value, headers) in zip(messages, records, strict=True):
             size = len(key or b"") + len(value) + sum(len(k) + len(v) for k, v in headers)

@@ -10,6 +10,7 @@ from settlement._rules import (
     SqlRuleFilter,
     TrueRuleFilter,
 )
+from settlement._session_listing import SessionRuntimeProperties
 from settlement._topic_properties import (
     SubscriptionProperties,
     SubscriptionRuntimeProperties,
@@ -22,5 +23,5 @@ __all__ = [
     "ServiceBusAdministrationClient", "QueueProperties", "QueueRuntimeProperties",
     "TopicProperties", "TopicRuntimeProperties", "SubscriptionProperties",
     "SubscriptionRuntimeProperties", "RuleProperties", "SqlRuleFilter", "CorrelationRuleFilter",
-    "TrueRuleFilter", "FalseRuleFilter", "SqlRuleAction",
+    "TrueRuleFilter", "FalseRuleFilter", "SqlRuleAction", "SessionRuntimeProperties",
 ]

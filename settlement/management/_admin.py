@@ -16,6 +16,7 @@ from settlement._properties import (
     QueueProperties,
     QueueRuntimeProperties,
 )
+from settlement._session_listing import SessionRuntimeProperties, list_sessions
 from settlement._topic_properties import SubscriptionProperties, SubscriptionRuntimeProperties
 from settlement.exceptions import (
     MessagingEntityAlreadyExistsError,
@@ -125,6 +126,14 @@ class ServiceBusAdministrationClient(TopicAdministration):
                                                               queue_name)])
         for fut in futures.values():
             fut.result()
+
+    def list_queue_sessions_runtime_properties(self, queue_name: str, **_: Any
+                                               ) -> list[SessionRuntimeProperties]:
+        """Each session of a session-enabled queue: its active message count,
+        whether it is locked and until when, and its state's size (what the
+        SDK's ``list_queue_sessions`` ids leave out)."""
+        props = self._registry.get(queue_name, fresh=True)
+        return list(list_sessions(self._engine(), props))
 
     def get_queue_runtime_properties(self, queue_name: str) -> QueueRuntimeProperties:
         """Counts from the engine, against the log ends."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer
 
 from settlement._rules import RuleFilter, RuleProperties, SqlRuleAction, TrueRuleFilter
+from settlement._session_listing import SessionRuntimeProperties, list_sessions
 from settlement._topic_properties import (
     SubscriptionProperties,
     SubscriptionRuntimeProperties,
@@ -154,6 +155,14 @@ class TopicAdministration:
             self._registry.put(None, names.rule_key(topic_name, subscription_name, rule.name))
         self._engine_follows(props.path, props.partition_count,
                              self._registry.put(None, props.path))
+
+    def list_subscription_sessions_runtime_properties(
+            self, topic_name: str, subscription_name: str, **_: Any
+    ) -> list[SessionRuntimeProperties]:
+        """Each session of a session-enabled subscription: its active message
+        count, whether it is locked and until when, its state's size."""
+        props = self._registry.get_subscription(topic_name, subscription_name, fresh=True)
+        return list(list_sessions(self._engine(), props))
 
     def get_subscription_runtime_properties(self, topic_name: str, subscription_name: str,
                                             **_: Any) -> SubscriptionRuntimeProperties:

@@ -1,0 +1,179 @@
+"""ServiceBusSession: the lock and the state of one session a receiver holds.
+
+A session receiver (``get_queue_receiver(queue, session_id=...)``) locks its
+session when it opens: the named one, or with ``NEXT_AVAILABLE_SESSION`` the
+session whose oldest message waits longest among those nobody holds. The
+lock lives in the engine's window of the session's partition (a session's
+messages are keyed, so partitioned, by its id), and the messages received
+under it share its lock: renew the session, not the messages.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import enum
+import time
+from typing import Any
+
+from settlement import _wire
+from settlement._engine_link import EngineLink, check_reply
+from settlement.exceptions import (
+    MessageSizeExceededError,
+    OperationTimeoutError,
+    SessionCannotBeLockedError,
+    SessionLockLostError,
+)
+from topics.commands import MAX_SESSION_STATE, session_partition
+
+#: how long a NEXT_AVAILABLE_SESSION receiver without max_wait_time waits for a session
+DEFAULT_SESSION_WAIT_S = 60.0
+
+
+class ServiceBusSessionFilter(enum.Enum):
+    NEXT_AVAILABLE = 0
+
+
+#: lock whichever session is free next, as ``azure.servicebus.NEXT_AVAILABLE_SESSION``
+NEXT_AVAILABLE_SESSION = ServiceBusSessionFilter.NEXT_AVAILABLE
+
+
+class ServiceBusSession:
+    """The session of a session receiver: ``session_id``, ``locked_until_utc``,
+    ``get_state``, ``set_state`` and ``renew_lock``."""
+
+    def __init__(self, link: EngineLink, entity: str, partition_count: int,
+                 session_id: str | ServiceBusSessionFilter) -> None:
+        if not isinstance(session_id, ServiceBusSessionFilter) and not (
+                isinstance(session_id, str) and 0 < len(session_id) <= 128):
+            raise ValueError("session_id must be a session id of 1..128 characters, or "
+                             "NEXT_AVAILABLE_SESSION")
+        self._link = link
+        self._entity = entity
+        self._partitions = partition_count
+        self._wanted = session_id
+        self._session_id = session_id if isinstance(session_id, str) else None
+        self._token: str | None = None
+        self._until: dt.datetime | None = None
+        self._lost = False
+        self._released = False
+        #: set by AutoLockRenewer when renewing this session failed
+        self.auto_renew_error: Exception | None = None
+
+    @property
+    def session_id(self) -> str | None:
+        """The session's id (for NEXT_AVAILABLE_SESSION: once it is locked)."""
+        return self._session_id
+
+    @property
+    def locked_until_utc(self) -> dt.datetime | None:
+        return self._until
+
+    @property
+    def partition(self) -> int:
+        assert self._session_id is not None
+        return session_partition(self._session_id, self._partitions)
+
+    @property
+    def is_open(self) -> bool:
+        return self._token is not None and not self._released
+
+    # ------------------------------------------------------------------ public
+    def get_state(self, *, timeout: float | None = None, **_: Any) -> bytes | None:
+        """The session state, as bytes (None: never set, or cleared)."""
+        state = self._call("session_state")["state"]
+        return None if state is None else base64.b64decode(state)
+
+    def set_state(self, state: str | bytes | bytearray | None, *,
+                  timeout: float | None = None, **_: Any) -> None:
+        """Store ``state`` with the session (None clears it); it outlives the
+        lock, engine restarts and hand-overs between engine workers."""
+        raw = state.encode() if isinstance(state, str) else state
+        if raw is not None and len(raw) > MAX_SESSION_STATE:
+            raise MessageSizeExceededError(
+                f"session state of {len(raw)} bytes is over the limit of {MAX_SESSION_STATE}: "
+                "keep a reference to larger data (a key in a store) in the state instead")
+        self._call("set_session_state",
+                   state=None if raw is None else base64.b64encode(bytes(raw)).decode())
+
+    def renew_lock(self, *, timeout: float | None = None, **_: Any) -> dt.datetime:
+        """Extend the session lock (and the locks of its received messages) by
+        the entity's lock duration; returns the new end."""
+        self._until = _wire.utc_from_ms(self._call("renew_session")["until"])
+        return self._until
+
+    # ------------------------------------------------------------- internals
+    def open(self, max_wait_time: float | None) -> None:
+        """Lock the session, unless this receiver holds it already."""
+        if self._token is not None:
+            return
+        if self._session_id is not None:
+            if not self._lock(self.partition, self._session_id):
+                raise OperationTimeoutError(f"session {self._session_id!r} could not be locked")
+            return
+        wait = DEFAULT_SESSION_WAIT_S if max_wait_time is None else max_wait_time
+        deadline = time.monotonic() + wait
+        pause = 0.01
+        while True:
+            for partition in range(self._partitions):
+                if self._lock(partition, None):
+                    return
+            if time.monotonic() >= deadline:
+                raise OperationTimeoutError(
+                    f"no session of {self._entity} became available within {wait:g} s "
+                    "(every session with messages is locked, or none has messages)")
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.25)
+
+    def _lock(self, partition: int, session_id: str | None) -> bool:
+        reply = self._link.call(self._link.command("lock_session", self._entity, partition,
+                                                   session=session_id))
+        check_reply(reply, self._entity)
+        result = reply.result
+        if result["session"] is None:
+            return False
+        if result.get("taken"):
+            raise SessionCannotBeLockedError(
+                f"session {result['session']!r} of {self._entity} is locked by another "
+                f"receiver until {_wire.utc_from_ms(result['until']).isoformat()}: try again "
+                "when it closes, or receive NEXT_AVAILABLE_SESSION")
+        self._session_id, self._token = result["session"], result["token"]
+        self._until = _wire.utc_from_ms(result["until"])
+        return True
+
+    def lost(self) -> SessionLockLostError:
+        """The error for an operation under a lock that is gone; the session
+        is then unusable, as in the SDK."""
+        self._lost = True
+        return SessionLockLostError(
+            f"the lock on session {self._session_id!r} of {self._entity} was lost (it lapsed "
+            "or was released), and the locks of its received messages with it: open a new "
+            "session receiver, and renew the session lock sooner (AutoLockRenewer)")
+
+    def args(self) -> dict[str, Any]:
+        """What identifies the held session in a command."""
+        if self._lost or self._released:
+            raise self.lost()
+        return {"session": self._session_id, "token": self._token}
+
+    def _call(self, op: str, **args: Any) -> dict[str, Any]:
+        if self._token is None:
+            raise ValueError("the session receiver is not open: receive a message or enter "
+                             "'with receiver:' first")
+        reply = self._link.call(self._link.command(op, self._entity, self.partition,
+                                                   **self.args(), **args))
+        if not reply.ok and reply.error_code == "SessionLockLost":
+            raise self.lost()
+        check_reply(reply, self._entity)
+        return reply.result
+
+    def release(self) -> None:
+        """Give the session up (the receiver closes): its unsettled messages
+        are abandoned, and the next receiver may lock it at once."""
+        if self._token is None or self._lost or self._released:
+            return
+        try:
+            self._call("release_session")
+        except SessionLockLostError:
+            pass  # lapsed already: the engine released it
+        self._released = True
