@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from settlement import _wire
 from settlement._engine_link import EngineLink, check_reply
 from settlement._properties import QueueProperties
+from settlement._settled_stats import log_ends, settled_stats
 from settlement._topic_properties import SubscriptionProperties
 
 _PAGE = 1000
@@ -41,6 +42,7 @@ def list_sessions(link: EngineLink, props: QueueProperties | SubscriptionPropert
     """Every session of the entity (with ``state_updated_after``, those whose
     state was set after it), partition by partition, in id order."""
     updated_after = None if state_updated_after is None else _wire.epoch_ms(state_updated_after)
+    settled_stats(link, props, log_ends(link, props))  # sessions of what was sent till now
     for partition in range(props.partition_count):
         after = None
         while True:

@@ -74,6 +74,10 @@ ENTITY_OPTIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
             metavar="SECONDS",
             help="turn duplicate detection on, with a history window of SECONDS (20 s to "
                  f"7 days; default {DEFAULT_DUPLICATE_WINDOW.total_seconds():g})")),
+    "requires_session": ("--requires-session", "requires_session", dict(
+        action="store_const", const=True,
+        help="deliver messages session by session (each needs a session_id); receive with "
+             "a session receiver")),
     "forward_to": ("--forward-to", "forward_to", dict(
         metavar="ENTITY", help="forward every message to this queue or topic")),
     "forward_dead_letters_to": (
@@ -81,18 +85,18 @@ ENTITY_OPTIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
             metavar="ENTITY", help="forward dead letters to this queue or topic")),
 }
 QUEUE_OPTIONS = ("lock_duration", "max_delivery_count", "partitions", "default_ttl",
-                 "dead_letter_on_expiration", "duplicate_detection", "forward_to",
-                 "forward_dead_letters_to")
+                 "dead_letter_on_expiration", "duplicate_detection", "requires_session",
+                 "forward_to", "forward_dead_letters_to")
 TOPIC_OPTIONS = ("partitions", "default_ttl", "duplicate_detection")
 SUBSCRIPTION_OPTIONS = ("lock_duration", "max_delivery_count", "default_ttl",
                         "dead_letter_on_expiration", "dead_letter_on_filter_errors",
-                        "forward_to", "forward_dead_letters_to")
+                        "requires_session", "forward_to", "forward_dead_letters_to")
 
 #: What each ``show`` prints, in order.
 QUEUE_FIELDS = ("name", "lock_duration", "max_delivery_count", "partition_count",
                 "max_message_size_in_kilobytes", "default_message_time_to_live",
                 "dead_lettering_on_message_expiration", "requires_duplicate_detection",
-                "duplicate_detection_history_time_window", "forward_to",
+                "duplicate_detection_history_time_window", "requires_session", "forward_to",
                 "forward_dead_lettered_messages_to", "created_at_utc")
 TOPIC_FIELDS = ("name", "partition_count", "max_message_size_in_kilobytes",
                 "max_size_in_megabytes", "default_message_time_to_live",
@@ -100,7 +104,8 @@ TOPIC_FIELDS = ("name", "partition_count", "max_message_size_in_kilobytes",
                 "created_at_utc", "updated_at_utc")
 SUBSCRIPTION_FIELDS = ("name", "topic_name", "lock_duration", "max_delivery_count",
                        "default_message_time_to_live", "dead_lettering_on_message_expiration",
-                       "dead_lettering_on_filter_evaluation_exceptions", "forward_to",
+                       "dead_lettering_on_filter_evaluation_exceptions", "requires_session",
+                       "forward_to",
                        "forward_dead_lettered_messages_to", "partition_count",
                        "created_at_utc", "updated_at_utc")
 COUNT_FIELDS = ("active_message_count", "dead_letter_message_count", "deferred_message_count",
@@ -109,6 +114,12 @@ COUNT_FIELDS = ("active_message_count", "dead_letter_message_count", "deferred_m
 
 #: A ``list`` column: its header and the attribute (or function) of its value.
 Column = tuple[str, str | Callable[[Any], object]]
+#: What ``queue sessions`` and ``subscription sessions`` print per session.
+SESSION_COLUMNS: list[Column] = [
+    ("SESSION", "session_id"), ("ACTIVE", "active_message_count"),
+    ("LOCKED UNTIL (UTC)", lambda s: s.locked_until_utc or "-"),
+    ("STATE BYTES", "state_size_in_bytes"),
+    ("STATE SET (UTC)", lambda s: s.state_updated_at_utc or "-")]
 
 
 # --------------------------------------------------------------------------- parser
@@ -138,7 +149,7 @@ def entity_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _add_queue_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    sub = add_group(commands, common, "queue", "create, list, show, delete",
+    sub = add_group(commands, common, "queue", "create, list, show, delete, sessions",
                     "Manage the queues of a namespace.")
     create = add_command(sub, common, "create", cmd_queue_create, "create a queue",
                          "Create a queue; fails if a queue or topic of that name exists.",
@@ -150,6 +161,9 @@ def _add_queue_commands(commands: Any, common: argparse.ArgumentParser) -> None:
                 "Show a queue's properties and runtime counts.", "NAME")
     add_command(sub, common, "delete", cmd_queue_delete, "delete a queue",
                 "Delete a queue, its log and its messages.", "NAME")
+    add_command(sub, common, "sessions", cmd_queue_sessions, "list sessions",
+                "List the sessions of a session-enabled queue: active messages, lock, "
+                "state size.", "NAME")
 
 
 def _add_topic_commands(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -172,7 +186,7 @@ def _add_topic_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _add_subscription_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    sub = add_group(commands, common, "subscription", "create, list, show, delete",
+    sub = add_group(commands, common, "subscription", "create, list, show, delete, sessions",
                     "Manage the subscriptions of a topic. Receive from one as "
                     "TOPIC/subscriptions/NAME, as from a queue.")
     create = add_command(
@@ -188,6 +202,9 @@ def _add_subscription_commands(commands: Any, common: argparse.ArgumentParser) -
                 "TOPIC", "NAME")
     add_command(sub, common, "delete", cmd_subscription_delete, "delete a subscription",
                 "Delete a subscription, its messages and its rules.", "TOPIC", "NAME")
+    add_command(sub, common, "sessions", cmd_subscription_sessions, "list sessions",
+                "List the sessions of a session-enabled subscription: active messages, "
+                "lock, state size.", "TOPIC", "NAME")
 
 
 def _add_rule_commands(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -255,6 +272,13 @@ def cmd_queue_delete(args: argparse.Namespace) -> int:
     with admin_client(args) as admin:
         admin.delete_queue(args.name)
     print(f"deleted queue {args.name!r}")
+    return 0
+
+
+def cmd_queue_sessions(args: argparse.Namespace) -> int:
+    with admin_client(args) as admin:
+        sessions = admin.list_queue_sessions_runtime_properties(args.name)
+    print_listing(f"sessions in queue {args.name!r}", sessions, SESSION_COLUMNS)
     return 0
 
 
@@ -331,6 +355,15 @@ def cmd_subscription_delete(args: argparse.Namespace) -> int:
         admin.delete_subscription(args.topic, args.name)
     print(f"deleted subscription {names.subscription_path(args.topic, args.name)!r} "
           "with its rules")
+    return 0
+
+
+def cmd_subscription_sessions(args: argparse.Namespace) -> int:
+    with admin_client(args) as admin:
+        sessions = admin.list_subscription_sessions_runtime_properties(args.topic, args.name)
+    print_listing(f"sessions in subscription "
+                  f"{names.subscription_path(args.topic, args.name)!r}", sessions,
+                  SESSION_COLUMNS)
     return 0
 
 

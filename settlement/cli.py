@@ -40,6 +40,7 @@ from tqdm import tqdm
 
 from settlement._entities import EntityRegistry
 from settlement._properties import QueueProperties
+from settlement._session import NEXT_AVAILABLE_SESSION
 from settlement._topic_properties import Definition, SubscriptionProperties, TopicProperties
 from settlement.apache_kafka import KAFKA_VERSION
 from settlement.client import ServiceBusClient
@@ -224,6 +225,8 @@ def _add_send(commands: Any, common: argparse.ArgumentParser) -> None:
     send.add_argument("--subject", default=None, help="the subject (label) of every message")
     send.add_argument("--correlation-id", default=None, metavar="ID",
                       help="the correlation id of every message")
+    send.add_argument("--session-id", default=None, metavar="ID",
+                      help="the session of every message (session-enabled entities)")
     send.add_argument("--count", type=int, default=1, metavar="N",
                       help="send the bodies N times (progress bar above 100 messages)")
     send.set_defaults(handler=cmd_send)
@@ -251,6 +254,9 @@ def _add_receive(commands: Any, common: argparse.ArgumentParser) -> None:
     receive.add_argument("--description", default=None, help="dead-letter error description")
     receive.add_argument("--dead-letter", action="store_true",
                          help="receive from the dead-letter sub-queue of ENTITY")
+    receive.add_argument("--session", default=None, metavar="ID",
+                         help="on a session-enabled entity: the session to receive from, or "
+                              "'next' for the next available one")
     receive.set_defaults(handler=cmd_receive)
 
 
@@ -443,8 +449,10 @@ def cmd_receive(args: argparse.Namespace) -> int:
             else ServiceBusReceiveMode.RECEIVE_AND_DELETE)
     settle = _settle_choice(args, mode)
     sub_queue = ServiceBusSubQueue.DEAD_LETTER if args.dead_letter else None
+    session = NEXT_AVAILABLE_SESSION if args.session == "next" else args.session
     with _client(args) as client, _not_a_topic(args, args.entity), client.get_queue_receiver(
-            args.entity, sub_queue=sub_queue, receive_mode=mode) as receiver:
+            args.entity, sub_queue=sub_queue, receive_mode=mode, session_id=session,
+            max_wait_time=args.wait) as receiver:
         messages = receive_up_to(receiver, args.max, args.wait)
         outcomes = _settle_all(receiver, messages, settle, args.reason, args.description)
     for message, outcome in zip(messages, outcomes, strict=True):
@@ -567,7 +575,7 @@ def _message_to_send(body: str, index: int, total: int, args: argparse.Namespace
     if message_id is not None and total > 1:
         message_id = f"{message_id}-{index}"
     return ServiceBusMessage(body, message_id=message_id, subject=args.subject,
-                             correlation_id=args.correlation_id,
+                             correlation_id=args.correlation_id, session_id=args.session_id,
                              application_properties=dict(properties))
 
 

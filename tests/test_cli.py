@@ -19,6 +19,7 @@ COMMANDS = [
     [], ["broker"], ["worker"], ["send"], ["receive"], ["dlq"],
     *([group, *command] for group in ("queue", "topic", "subscription", "rule")
       for command in ([], ["create"], ["list"], ["show"], ["delete"])),
+    ["queue", "sessions"], ["subscription", "sessions"],
 ]
 
 
@@ -362,6 +363,24 @@ def test_send_and_receive_say_what_to_use_instead(
     for command in (["receive", queue_name], ["dlq", queue_name]):
         code, _, err = run(capsys, *command, *cs)
         assert code == 2 and f"'{queue_name}/subscriptions/SUB'" in err
+
+
+def test_session_queue_send_list_sessions_and_receive_next(
+        conn: str, queue_name: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_CONNECTION_STRING, conn)
+    assert run(capsys, "queue", "create", queue_name, "--requires-session")[0] == 0
+    assert shown(run(capsys, "queue", "show", queue_name)[1])["requires_session"] == "True"
+    code, _, err = run(capsys, "send", queue_name, "a", "b", "--session-id", "cart-7")
+    assert code == 0, err
+    code, out, err = run(capsys, "queue", "sessions", queue_name)
+    assert code == 0, err
+    assert out.splitlines()[2].split()[:3] == ["cart-7", "2", "-"]
+    code, out, err = run(capsys, "receive", queue_name, "--session", "next", "--max", "5")
+    assert code == 0, err
+    assert [line.split("body=")[1].split()[0] for line in message_lines(out)] == ["'a'", "'b'"]
+    code, _, err = run(capsys, "queue", "sessions", queue_name)
+    assert code == 0 and f"no sessions in queue {queue_name!r}" in err
 
 
 def test_correlation_keys_name_system_or_application_properties() -> None:

@@ -1,5 +1,6 @@
 """kill -9 of the engine in the middle of a stream loses and doubles nothing,
-as the clients see it and as the Spark audit of the engine's records sees it.
+as the clients see it and as the Spark audit of the engine's records sees it;
+session state and the order of a session's messages survive it.
 
 This test runs its own engine worker on its own namespace, so killing it does
 not disturb the session's engine.
@@ -13,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from settlement import ServiceBusClient, ServiceBusMessage
+from settlement import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessage
 from settlement.exceptions import MessageLockLostError, ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
 from spark.audit import run_audit
@@ -34,6 +35,7 @@ def test_kill_9_mid_stream_then_restart_loses_nothing_and_completes_nothing_twic
         with client.get_queue_sender("work") as sender:
             sender.send_messages([ServiceBusMessage(f"m{i}", message_id=f"m{i}")
                                   for i in range(TOTAL)])
+        _start_a_session(admin, client)
         holder = client.get_queue_receiver("work")
         held = holder.receive_messages(5, max_wait_time=10)  # locks held across the crash
         assert held
@@ -73,6 +75,7 @@ def test_kill_9_mid_stream_then_restart_loses_nothing_and_completes_nothing_twic
                 pass
         worker.join(timeout=180)
         stop.set()
+        _resume_the_session(client)
         assert set(completed) == {f"m{i}" for i in range(TOTAL)}, (
             f"missing {sorted(set(f'm{i}' for i in range(TOTAL)) - set(completed))[:10]}")
         doubled = {m: c for m, c in completed.items() if c > 1}
@@ -87,6 +90,28 @@ def test_kill_9_mid_stream_then_restart_loses_nothing_and_completes_nothing_twic
         client.close()
         admin.close()
         engine.stop()
+
+
+def _start_a_session(admin: ServiceBusAdministrationClient, client: ServiceBusClient) -> None:
+    """Half of a session done, its progress in the session state."""
+    admin.create_queue("steps", requires_session=True, lock_duration=4)
+    with client.get_queue_sender("steps") as sender:
+        sender.send_messages([ServiceBusMessage(f"step {i}", session_id="job-1")
+                              for i in range(4)])
+    with client.get_queue_receiver("steps", session_id="job-1", max_wait_time=10) as receiver:
+        done = receiver.receive_messages(2)
+        receiver.complete_messages(done)
+        receiver.session.set_state(b"2 of 4 steps done")
+
+
+def _resume_the_session(client: ServiceBusClient) -> None:
+    """After the crash, the next receiver finds the state and the rest, in order."""
+    with client.get_queue_receiver("steps", session_id=NEXT_AVAILABLE_SESSION,
+                                   max_wait_time=30) as receiver:
+        assert receiver.session.get_state() == b"2 of 4 steps done"
+        rest = receiver.receive_messages(10)
+        assert [m.body for m in rest] == [b"step 2", b"step 3"]
+        receiver.complete_messages(rest)
 
 
 def test_a_crash_right_after_the_commit_record_keeps_state_and_events_together(

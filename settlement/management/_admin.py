@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from settlement._engine_link import EngineLink
@@ -17,6 +15,7 @@ from settlement._properties import (
     QueueRuntimeProperties,
 )
 from settlement._session_listing import SessionRuntimeProperties, list_sessions
+from settlement._settled_stats import log_ends, settled_stats
 from settlement._topic_properties import SubscriptionProperties, SubscriptionRuntimeProperties
 from settlement.exceptions import (
     MessagingEntityAlreadyExistsError,
@@ -29,13 +28,10 @@ from settlement.management._queue_size import queue_size_in_bytes
 from settlement.management._topics import TopicAdministration, updated
 from settlement.management._validation import as_timedeltas, validated, validated_log
 from topics import names, specs
-from topics.commands import Reply
 from topics.connection import ConnectionSettings, parse_connection_string
-from topics.offsets import log_end_offsets
 
 log = logging.getLogger(__name__)
 #: how long runtime counts wait for the log scanner to reach the log end
-_SCAN_WAIT_S = 3.0
 
 
 class ServiceBusAdministrationClient(TopicAdministration):
@@ -146,16 +142,9 @@ class ServiceBusAdministrationClient(TopicAdministration):
                     props: QueueProperties | SubscriptionProperties) -> None:
         """Add the counts of every window of a queue or subscription, and its
         size in bytes where ``runtime`` has one."""
-        topic = names.entity_log(self._settings.namespace, props.path)
-        consumer = Consumer(self._settings.consumer_config(f"admin-{uuid.uuid4().hex[:12]}"))
-        try:
-            ends = log_end_offsets(consumer, [(topic, p) for p in range(props.partition_count)],
-                                   exact=self._settings.profile.exact_list_offsets)
-        finally:
-            consumer.close()
         link = self._engine()
-        replies = self._settled_stats(link, props, topic, ends)
-        for reply in replies:
+        ends = log_ends(link, props)
+        for reply in settled_stats(link, props, ends):
             if not reply.ok:
                 raise ServiceBusError(reply.error_message, error_code=reply.error_code)
             stats = reply.result
@@ -166,25 +155,8 @@ class ServiceBusAdministrationClient(TopicAdministration):
             runtime.scheduled_message_count += stats.get("scheduled", 0)
             runtime.transfer_dead_letter_message_count += stats.get("transfer_dead_letter", 0)
         if isinstance(runtime, QueueRuntimeProperties):
-            log_ends = {p: ends[(topic, p)] for p in range(props.partition_count)}
-            runtime.size_in_bytes = queue_size_in_bytes(self._settings, link, props, log_ends,
+            runtime.size_in_bytes = queue_size_in_bytes(self._settings, link, props, ends,
                                                         runtime.total_message_count)
-
-    def _settled_stats(self, link: EngineLink, props: QueueProperties | SubscriptionProperties,
-                       topic: str, ends: dict[tuple[str, int], int]) -> list[Reply]:
-        """Each window's stats once its log scanner has read up to the log
-        end (waiting up to :data:`_SCAN_WAIT_S`): before that, a filtered
-        subscription would count messages its rules may not select."""
-        deadline = time.monotonic() + _SCAN_WAIT_S
-        while True:
-            replies = link.call_many([link.command("stats", props.path, p,
-                                                   hw=ends[(topic, p)])
-                                      for p in range(props.partition_count)])
-            behind = [r for r in replies if r.ok and r.result.get("scanned") is not None
-                      and r.result["scanned"] < r.result["hw"]]
-            if not behind or time.monotonic() > deadline:
-                return replies
-            time.sleep(0.05)
 
     def _engine(self) -> EngineLink:
         if self._link is None:

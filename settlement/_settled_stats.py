@@ -1,0 +1,55 @@
+"""A window's counts once the engine has read its log up to the log end.
+
+On a scanned entity (duplicate detection, filters, sessions...) the engine
+learns of a message only when its log scanner accepts it, a moment after the
+send. Counts and session listings read right after a send would miss it, so
+they first wait (up to :data:`SCAN_WAIT_S`) until each window's scanner has
+reached the log end the caller read.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from confluent_kafka import Consumer
+
+from settlement._engine_link import EngineLink
+from settlement._properties import QueueProperties
+from settlement._topic_properties import SubscriptionProperties
+from topics import names
+from topics.commands import Reply
+from topics.offsets import log_end_offsets
+
+SCAN_WAIT_S = 3.0
+
+
+def log_ends(link: EngineLink, props: QueueProperties | SubscriptionProperties
+             ) -> dict[int, int]:
+    """The end offset of each partition of the entity's log."""
+    settings = link.settings
+    topic = names.entity_log(settings.namespace, props.path)
+    consumer = Consumer(settings.consumer_config(f"admin-{uuid.uuid4().hex[:12]}"))
+    try:
+        ends = log_end_offsets(consumer, [(topic, p) for p in range(props.partition_count)],
+                               exact=settings.profile.exact_list_offsets)
+    finally:
+        consumer.close()
+    return {p: ends[(topic, p)] for p in range(props.partition_count)}
+
+
+def settled_stats(link: EngineLink, props: QueueProperties | SubscriptionProperties,
+                  ends: dict[int, int]) -> list[Reply]:
+    """Each window's stats once its log scanner has read up to ``ends``
+    (waiting up to :data:`SCAN_WAIT_S`): before that, a filtered subscription
+    would count messages its rules may not select, and a session queue would
+    miss sessions."""
+    deadline = time.monotonic() + SCAN_WAIT_S
+    while True:
+        replies = link.call_many([link.command("stats", props.path, p, hw=ends[p])
+                                  for p in range(props.partition_count)])
+        behind = [r for r in replies if r.ok and r.result.get("scanned") is not None
+                  and r.result["scanned"] < r.result["hw"]]
+        if not behind or time.monotonic() > deadline:
+            return replies
+        time.sleep(0.05)
