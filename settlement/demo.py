@@ -6,7 +6,10 @@ dead-letter, defer, max delivery count, batch completion, (on a second
 queue) receive-and-delete and (on a third, with duplicate detection) a
 duplicate, an expiring and a scheduled message. A topic, ``placed-orders``,
 gets a handful of orders published once; three subscriptions select them
-with SQL rules (one with an action that tags what it selects). Then it reads
+with SQL rules (one with an action that tags what it selects). A session
+queue, ``checkouts``, gets two carts' steps interleaved; session receivers
+take each cart whole, in order, keep its progress in the session state, and a
+second receiver is refused the cart that is held. Then it reads
 the dead-letter sub-queue and prints the outcomes, what each subscription
 received and the runtime counts. Last, Spark: the
 monitoring job turns the engine's events into metrics, the audit checks that
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from settlement import (
+    NEXT_AVAILABLE_SESSION,
     ServiceBusClient,
     ServiceBusMessage,
     ServiceBusMessageState,
@@ -44,7 +48,11 @@ from settlement import (
 )
 from settlement.admin_cli import format_table
 from settlement.embedded import BrokerStartError, EmbeddedBroker
-from settlement.exceptions import MessageLockLostError, ServiceBusError
+from settlement.exceptions import (
+    MessageLockLostError,
+    ServiceBusError,
+    SessionCannotBeLockedError,
+)
 from settlement.management import (
     QueueRuntimeProperties,
     ServiceBusAdministrationClient,
@@ -70,6 +78,9 @@ TOPIC_SUBSCRIPTIONS: dict[str, tuple[str | None, str | None, list[str]]] = {
     "big": ("amount >= 100", "SET priority = 'high'", ["A-2", "A-3"]),
     "all": (None, None, ["A-1", "A-2", "A-3", "A-4"]),
 }
+#: A session-enabled queue: each cart's steps, in order, to one receiver at a time.
+SESSION_QUEUE = "checkouts"
+CARTS = {"cart-1": ["add book", "add pen", "pay"], "cart-2": ["add lamp", "pay"]}
 LOCK_S = 2
 MAX_DELIVERY = 3
 #: How long to wait for a message that should be there.
@@ -115,6 +126,8 @@ class Demo:
         self.failures: list[str] = []
         self.receiver: ServiceBusReceiver | None = None
         self.topic_outcomes: list[SubscriptionOutcome] = []
+        #: session id -> (the steps received, in order; the state left with it)
+        self.session_outcomes: dict[str, tuple[list[str], bytes | None]] = {}
 
     # ----------------------------------------------------------------- checks
     def expect(self, ok: bool, what: str) -> bool:
@@ -357,6 +370,38 @@ class Demo:
             self.topic_outcomes.append(SubscriptionOutcome(name, rule, got))
             log.info("  %s received %s", name, ", ".join(ids))
 
+    def path_sessions(self) -> None:
+        """Two carts' steps, interleaved in one session queue: each session
+        receiver gets one cart whole and in order, and records its progress
+        in the session state; the held cart is refused to a second receiver."""
+        log.info("[sessions] %r: carts %s, their steps interleaved", SESSION_QUEUE,
+                 ", ".join(CARTS))
+        self.admin.create_queue(SESSION_QUEUE, requires_session=True, lock_duration=10)
+        longest = max(len(steps) for steps in CARTS.values())
+        with self.client.get_queue_sender(SESSION_QUEUE) as sender:
+            sender.send_messages([ServiceBusMessage(steps[i], session_id=cart)
+                                  for i in range(longest) for cart, steps in CARTS.items()
+                                  if i < len(steps)])
+        for _ in CARTS:
+            with self.client.get_queue_receiver(SESSION_QUEUE, session_id=NEXT_AVAILABLE_SESSION,
+                                                max_wait_time=WAIT_S) as receiver:
+                cart = str(receiver.session.session_id)
+                try:
+                    self.client.get_queue_receiver(SESSION_QUEUE, session_id=cart).__enter__()
+                    self.expect(False, f"a second receiver locked the held session {cart!r}")
+                except SessionCannotBeLockedError:
+                    pass
+                got = receive_count(receiver, len(CARTS.get(cart, [])))
+                receiver.complete_messages(got)
+                receiver.session.set_state(f"{len(got)} steps done".encode())
+                steps = [m.body.decode() for m in got]
+                self.session_outcomes[cart] = (steps, receiver.session.get_state())
+            self.expect(steps == CARTS.get(cart), f"session {cart!r} got {steps}, "
+                        f"expected {CARTS.get(cart)} in that order")
+            log.info("  %s received %s", cart, " -> ".join(steps))
+        listed = sorted(self.client.list_queue_sessions(SESSION_QUEUE))
+        self.expect(listed == sorted(CARTS), f"list_queue_sessions gave {listed}")
+
     def read_dead_letters(self) -> list[ServiceBusReceivedMessage]:
         """Peek-lock the dead-letter sub-queue, check the reasons, put them back."""
         log.info("[dead-letter sub-queue] receive %s/$deadletterqueue, abandon to keep them",
@@ -474,6 +519,11 @@ def print_summary(demo: Demo, dead: list[ServiceBusReceivedMessage],
                        [[o.name, o.rule, ", ".join(_tagged(m) for m in o.received)]
                         for o in demo.topic_outcomes]))
     print()
+    print(f"Session queue {SESSION_QUEUE!r}: each cart to one receiver, whole and in order")
+    print(format_table(["SESSION", "STEPS RECEIVED", "SESSION STATE"],
+                       [[cart, " -> ".join(steps), repr(state)]
+                        for cart, (steps, state) in demo.session_outcomes.items()]))
+    print()
     print("Runtime counts (get_queue_runtime_properties)")
     print(format_table(["QUEUE", "ACTIVE", "DEAD-LETTER", "DEFERRED", "LOCKED"],
                        [[name, *map(str, _counts(rt))] for name, rt in counts.items()]))
@@ -556,6 +606,7 @@ def drive(conn: str) -> int:
         demo.path_receive_and_delete()
         demo.path_lifecycle()
         demo.path_topic()
+        demo.path_sessions()
         dead = demo.read_dead_letters()
         counts = demo.runtime_counts()
         print_summary(demo, dead, counts)
