@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 
 from spark.charts import Series, bar_chart, fmt, line_chart
-from spark.metrics_store import current_gauges, read_metrics, totals
+from spark.metrics_store import current_gauges, current_sessions, read_metrics, totals
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,8 @@ OUTCOMES = {
     "duplicate": ("duplicate", "#ff9da6"),
     "filtered": ("not selected by the rules", "#bab0ac"),
 }
+#: Most sessions the page lists (those with the most active messages first).
+MAX_SESSIONS_SHOWN = 50
 #: Outcomes that get a column in the totals table (the rest only in charts).
 TABLE_OUTCOMES = ["enqueued", "completed", "abandoned", "lock_expired", "dead_lettered",
                   "deferred", "expired", "duplicate"]
@@ -93,7 +95,7 @@ def render_html(sink: str | Path, refresh_seconds: int = 5) -> str:
     table = entity_table(metrics)
     return (head + f" · last micro-batch {int(metrics['batch_id'].max())}"
             f" · windows of {fmt(_window_seconds(metrics))} s</p>"
-            "<h2>Totals per entity</h2>" + _table(table)
+            "<h2>Totals per entity</h2>" + _table(table) + _sessions(metrics)
             + '<h2>Charts</h2><div class="charts">'
             + "".join(f"<div>{chart}</div>" for chart in _charts(metrics, table))
             + "</div></body></html>")
@@ -154,6 +156,29 @@ def _table(table: pd.DataFrame) -> str:
         body.append(f'<tr data-entity="{escape(row["entity"])}"><td>{escape(row["entity"])}'
                     f"</td>{cells}</tr>")
     return head + "".join(body) + "</table>"
+
+
+def _sessions(metrics: pd.DataFrame) -> str:
+    """The sessions of session-enabled entities: active messages, lock, state."""
+    sessions = current_sessions(metrics)
+    if sessions.empty:
+        return ""
+    shown = sessions.sort_values(["active", "entity", "session"],
+                                 ascending=[False, True, True]).head(MAX_SESSIONS_SHOWN)
+    rows = []
+    for row in shown.to_dict("records"):
+        until = (dt.datetime.fromtimestamp(row["locked_until"] / 1000, dt.UTC)
+                 .strftime("%H:%M:%S") if row["locked_until"] else "–")
+        rows.append(f'<tr data-session="{escape(row["session"])}">'
+                    f'<td>{escape(row["entity"])}</td><td>{escape(row["session"])}</td>'
+                    f'<td data-metric="active">{row["active"]}</td>'
+                    f'<td data-metric="locked_until">{until}</td>'
+                    f'<td data-metric="state_size">{row["state_size"]}</td></tr>')
+    more = (f'<p class=muted>{len(sessions) - len(shown)} more not shown</p>'
+            if len(sessions) > len(shown) else "")
+    return (f"<h2>Sessions ({len(sessions)})</h2><table><tr><th>entity</th><th>session</th>"
+            "<th>active</th><th>locked until (UTC)</th><th>state (bytes)</th></tr>"
+            + "".join(rows) + "</table>" + more)
 
 
 def _cell(value: float | None) -> str:

@@ -125,6 +125,25 @@ def totals(metrics: pd.DataFrame, metric: str) -> dict[tuple[str, str], float]:
     return {key: float(value) for key, value in summed.items()}
 
 
+def current_sessions(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Per entity and session, the latest of each session figure: columns
+    ``entity``, ``session``, ``active``, ``locked_until`` (ms, 0: free) and
+    ``state_size``; sessions with nothing left (no message, lock or state)
+    are left out."""
+    rows = metrics[metrics["metric"].str.startswith("session_")]
+    columns = ["entity", "session", "active", "locked_until", "state_size"]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    latest = rows.sort_values("window_start").drop_duplicates(
+        ["entity", "metric", "label"], keep="last")
+    table = latest.pivot_table(index=["entity", "label"], columns="metric", values="last",
+                               aggfunc="last")
+    table.columns = [c.removeprefix("session_") for c in table.columns]
+    table = table.reindex(columns=columns[2:]).fillna(0).astype("int64").reset_index()
+    table = table.rename(columns={"label": "session"})
+    return table[(table[["active", "locked_until", "state_size"]] > 0).any(axis=1)]
+
+
 def current_gauges(metrics: pd.DataFrame) -> pd.DataFrame:
     """Per entity, the latest value of each gauge summed over its partitions:
     columns ``entity`` and one per gauge (``active``, ``locked``, ...)."""

@@ -17,6 +17,8 @@ metric                 label                value
 ``delivery_count``     the count            1 per message completed or dead-lettered
 ``gauge_<name>``       partition            active, locked, deferred, scheduled,
                                             dead_letter, transfer_dead_letter
+``session_<name>``     session id           active (messages), locked_until (ms,
+                                            0: free), state_size (bytes)
 =====================  ===================  ======================================
 
 Each window row has ``n`` (facts), ``total`` (sum), ``p50``/``p95``/``p99``
@@ -75,6 +77,9 @@ _EVENT_FACTS = "concat(" + ", ".join([
 ]) + ")"
 _STATE_FACTS = "array(" + ", ".join(
     _fact(f"gauge_{g}", "cast(s.partition as string)", f"s.{g}") for g in GAUGES) + ")"
+_SESSION_FACTS = "array(" + ", ".join(
+    _fact(f"session_{g}", "s.session", f"s.{g}")
+    for g in ("active", "locked_until", "state_size")) + ")"
 
 
 def metric_facts(records: DataFrame, settings: ConnectionSettings,
@@ -98,7 +103,8 @@ def metric_facts(records: DataFrame, settings: ConnectionSettings,
                    & (F.col("e.type").isNotNull() | F.col("s.partition").isNotNull()))
             .withWatermark("event_time", watermark)
             .dropDuplicatesWithinWatermark(["uid"]))
-    facts = F.expr(f"case when e is not null then {_EVENT_FACTS} else {_STATE_FACTS} end")
+    facts = F.expr(f"case when e is not null then {_EVENT_FACTS} "
+                   f"when s.session is not null then {_SESSION_FACTS} else {_STATE_FACTS} end")
     return rows.select("entity", "event_time", F.explode(facts).alias("fact"))
 
 

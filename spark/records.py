@@ -21,7 +21,10 @@ EVENT_SCHEMA = (
     "until long, "
     "held array<long>, deliveries array<long>, enqueued array<long>")
 GAUGES = ["active", "locked", "deferred", "scheduled", "dead_letter", "transfer_dead_letter"]
+#: a window's summary; a session's summary also has ``session`` (and
+#: ``locked_until``, ``state_size``), with ``active`` its active messages
 STATE_SCHEMA = ("entity string, partition int, start long, next long, hw long, ts long, "
+                "session string, locked_until long, state_size long, "
                 + ", ".join(f"{g} long" for g in GAUGES))
 
 
@@ -39,9 +42,11 @@ def parse_events(frame: DataFrame) -> DataFrame:
 
 
 def parse_states(frame: DataFrame) -> DataFrame:
-    """One row per window state record, with ``event_time``."""
+    """One row per window state record, with ``event_time`` (sessions' own
+    summaries left out)."""
     parsed = frame.select(_json(frame, STATE_SCHEMA).alias("s"), F.col("offset"))
-    return (parsed.where(F.col("s.entity").isNotNull() & F.col("s.ts").isNotNull())
+    return (parsed.where(F.col("s.entity").isNotNull() & F.col("s.ts").isNotNull()
+                         & F.col("s.session").isNull())
             .select("s.*", F.col("offset").alias("record_offset"))
             .withColumn("event_time", F.timestamp_millis("ts")))
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from faust.types import TP, EventT, StreamT
 
+from streams import sessions
 from streams.app import (
     app,
     commands_topic,
@@ -201,7 +202,8 @@ def _load(key: bytes, raw: bytes | None, cmd: Command, store: TableStore
 def _event_records(window: InflightWindow, events: list[Event], command_id: str
                    ) -> list[dict[str, Any]]:
     """Settlement events (one record per kind), then the window's new summary
-    for the state topic (the record without a ``type``).
+    and those of the sessions it changed, for the state topic (the records
+    without a ``type``).
 
     Each event names the command that caused it, so readers can drop the
     repeats a recovery publishes again, by (cmd, type, entity, partition)."""
@@ -210,7 +212,8 @@ def _event_records(window: InflightWindow, events: list[Event], command_id: str
         {"type": ev.type, "entity": window.entity, "partition": window.partition,
          "offsets": ev.offsets, "count": ev.count, "ts": now, "cmd": command_id, **ev.extra}
         for ev in events]
-    return [*records, {**window.summary(), "ts": now}]
+    return [*records, {**window.summary(), "ts": now},
+            *({**summary, "ts": now} for summary in sessions.summaries(window, now))]
 
 
 def _start_follow_up(store: TableStore, writes: dict[bytes, bytes | None],
@@ -242,9 +245,13 @@ def _publish(outbox: list[dict[str, Any]]) -> list[asyncio.Future]:
     sent = []
     for record in outbox:
         topic = events_topic if "type" in record else state_topic
-        key = f"{record['entity']}#{record['partition']}".encode()
+        key = f"{record['entity']}#{record['partition']}"
+        if "session" in record:  # a session's summary, keyed by its session
+            key += f"#{record['session']}"
         sent.append(asyncio.ensure_future(
-            topic.send(key=key, value=json.dumps(record).encode())))
+            topic.send(key=key.encode(), value=json.dumps(record).encode())))
+        if record.get("gone"):  # compaction forgets the session
+            sent.append(asyncio.ensure_future(topic.send(key=key.encode(), value=None)))
     return sent
 
 

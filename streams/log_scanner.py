@@ -52,6 +52,9 @@ MAX_RECORDS = 5000
 MAX_FILTER_FAILURES = 500
 #: characters of a filter error kept with the message
 _MAX_ERROR = 300
+#: most sessions one accept files messages under (each costs the commit a
+#: session record and a list of offsets)
+MAX_SESSIONS_PER_ACCEPT = 1000
 
 #: dead letters looked at per scan for forward_dead_letters_to
 _DEAD_LETTERS_PER_SCAN = 1_000
@@ -120,6 +123,7 @@ class LogScanner:
         end = records[-1].offset() + 1
         failures = 0
         partitions = found[1].partitions if found is not None else 1
+        sessions: set[str] = set()
         for record in records:
             item = self._item(key, window, record, now)
             if rules is not None and (item is None or item.mark == PLAIN):
@@ -129,6 +133,11 @@ class LogScanner:
                 continue
             if window.requires_session and (item is None or item.mark == PLAIN):
                 item = _in_session(record, item or Item(record.offset()), partitions)
+                if item.session is not None and item.session not in sessions:
+                    if len(sessions) >= MAX_SESSIONS_PER_ACCEPT:
+                        end = record.offset()  # the next scan goes on from here
+                        break
+                    sessions.add(item.session)
             if item is not None:
                 items.append(item)
             failures += item is not None and item.error is not None

@@ -101,6 +101,8 @@ class SessionIndex:
         self._lists: dict[bytes, list[int]] = {}
         self._dirty: set[str] = set()
         self._dirty_lists: set[bytes] = set()
+        #: sessions this command changed, as stored (for the state topic)
+        self.flushed: dict[str, Session] = {}
 
     def get(self, session_id: str) -> Session:
         session = self._loaded.get(session_id)
@@ -220,6 +222,7 @@ class SessionIndex:
                 self._txn.delete(key)
             else:
                 self._txn.put(key, session.encode())
+            self.flushed[session_id] = session
         self._dirty.clear()
 
     def _flush_lists(self) -> None:
@@ -230,6 +233,16 @@ class SessionIndex:
             else:
                 self._txn.delete(key)
         self._dirty_lists.clear()
+
+
+def summaries(window: InflightWindow, now: int) -> list[dict[str, Any]]:
+    """The state-topic records of the sessions the command changed: what the
+    dashboard shows per session. A session that left no key gets ``gone``
+    (its record is then deleted from the compacted topic)."""
+    return [{"entity": window.entity, "partition": window.partition, "session": s.id,
+             "active": s.pending, "locked_until": s.until if s.locked(now) else 0,
+             "state_size": s.state_size, "gone": s.idle}
+            for s in window.sessions.flushed.values()]
 
 
 # --------------------------------------------------------------- window hooks

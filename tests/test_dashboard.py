@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from settlement import ServiceBusClient
+from settlement import ServiceBusClient, ServiceBusMessage
+from settlement.management import ServiceBusAdministrationClient
 from spark.dashboard import ChromiumNotFound, chromium, dump_dom, make_server, screenshot
 from tests.helpers import drive_workload, run_monitor
 
@@ -44,13 +45,15 @@ def dashboard_url(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 def test_the_page_shows_the_numbers_of_a_known_workload(
         browser: None, spark: Any, conn: str, client: ServiceBusClient, make_queue: Any,
-        dashboard_url: tuple[str, Path], tmp_path: Path) -> None:
+        admin: ServiceBusAdministrationClient, dashboard_url: tuple[str, Path],
+        tmp_path: Path) -> None:
     url, sink = dashboard_url
     assert "No metrics yet" in dump_dom(url)
     queue = make_queue()
     # 12 sent: 7 completed, 2 abandoned then completed, 3 dead-lettered ("poison")
     drive_workload(client, queue, sent=12, complete=7, abandon=2, dead_letter=3,
                    reason="poison")
+    sessions = _drive_sessions(client, admin, f"{queue}-sessions")
     run_monitor(spark, conn, sink)
 
     dom = dump_dom(url)
@@ -65,6 +68,11 @@ def test_the_page_shows_the_numbers_of_a_known_workload(
         "lock_p50_ms", "lock_p95_ms", "lock_p99_ms", "end_to_end_p50_ms"))
     assert f"poison · {queue}: 3" in dom  # the dead-letters-by-reason bar
     assert f"{queue}: outcomes per second" in dom
+    shown = {session: dict(re.findall(r'data-metric="(\w+)">([^<]*)<', cells))
+             for session, cells in re.findall(r'<tr data-session="([^"]+)">(.*?)</tr>', dom)}
+    assert {s: shown[s] for s in sessions} == {
+        "waiting": {"active": "3", "locked_until": "–", "state_size": "0"},
+        "done": {"active": "0", "locked_until": "–", "state_size": "9"}}, shown
 
     with urllib.request.urlopen(url + "metrics.json", timeout=10) as response:
         numbers = json.load(response)
@@ -77,3 +85,16 @@ def test_the_page_shows_the_numbers_of_a_known_workload(
     assert data.startswith(b"\x89PNG\r\n\x1a\n")
     assert struct.unpack(">II", data[16:24]) == (1280, 1600)  # IHDR width, height
     assert len(data) > 20_000  # charts and text, not a blank page
+
+
+def _drive_sessions(client: ServiceBusClient, admin: ServiceBusAdministrationClient,
+                    queue: str) -> list[str]:
+    """Session ``waiting`` keeps 3 messages; ``done`` is completed, with state."""
+    admin.create_queue(queue, requires_session=True)
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage(f"w{i}", session_id="waiting")
+                              for i in range(3)] + [ServiceBusMessage("d", session_id="done")])
+    with client.get_queue_receiver(queue, session_id="done", max_wait_time=10) as receiver:
+        receiver.complete_messages(receiver.receive_messages(1))
+        receiver.session.set_state(b"completed")
+    return ["waiting", "done"]
