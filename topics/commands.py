@@ -50,8 +50,7 @@ session's messages.
 Operations of the engine itself, which it runs in-process and refuses from the
 commands topic (error code ``Unauthorized``): ``expire`` (its lock timer
 lapses locks), ``accept`` (its log scanner vouches for the offsets of
-``[from, to)``, ``items``: ``[[offset, expires_ms, due_ms, mark]]``; mark 0
-plain, 1 duplicate, 2 forwarded, 3 too many hops, 4 forward target missing),
+``[from, to)``, ``items``: what it found per offset, ``streams.acceptance.Item``),
 ``dead_forwarded`` (``offsets``: dead letters the scanner moved to their
 target). A window of a deleted queue is forgotten when the engine reads the
 deletion from the entities topic, never on a client's word.
