@@ -43,7 +43,8 @@ class ServiceBusSession:
     ``get_state``, ``set_state`` and ``renew_lock``."""
 
     def __init__(self, link: EngineLink, entity: str, partition_count: int,
-                 session_id: str | ServiceBusSessionFilter) -> None:
+                 session_id: str | ServiceBusSessionFilter,
+                 max_wait_time: float | None = None) -> None:
         if not isinstance(session_id, ServiceBusSessionFilter) and not (
                 isinstance(session_id, str) and 0 < len(session_id) <= 128):
             raise ValueError("session_id must be a session id of 1..128 characters, or "
@@ -51,7 +52,7 @@ class ServiceBusSession:
         self._link = link
         self._entity = entity
         self._partitions = partition_count
-        self._wanted = session_id
+        self._max_wait_time = max_wait_time
         self._session_id = session_id if isinstance(session_id, str) else None
         self._token: str | None = None
         self._until: dt.datetime | None = None
@@ -73,10 +74,6 @@ class ServiceBusSession:
     def partition(self) -> int:
         assert self._session_id is not None
         return session_partition(self._session_id, self._partitions)
-
-    @property
-    def is_open(self) -> bool:
-        return self._token is not None and not self._released
 
     # ------------------------------------------------------------------ public
     def get_state(self, *, timeout: float | None = None, **_: Any) -> bytes | None:
@@ -103,15 +100,15 @@ class ServiceBusSession:
         return self._until
 
     # ------------------------------------------------------------- internals
-    def open(self, max_wait_time: float | None) -> None:
-        """Lock the session, unless this receiver holds it already."""
+    def open(self) -> None:
+        """Lock the session, unless this receiver holds it already (or held
+        it: a lost session is not taken again, as in the SDK)."""
         if self._token is not None:
             return
         if self._session_id is not None:
-            if not self._lock(self.partition, self._session_id):
-                raise OperationTimeoutError(f"session {self._session_id!r} could not be locked")
+            self._lock(self.partition, self._session_id)
             return
-        wait = DEFAULT_SESSION_WAIT_S if max_wait_time is None else max_wait_time
+        wait = DEFAULT_SESSION_WAIT_S if self._max_wait_time is None else self._max_wait_time
         deadline = time.monotonic() + wait
         pause = 0.01
         while True:
@@ -157,9 +154,7 @@ class ServiceBusSession:
         return {"session": self._session_id, "token": self._token}
 
     def _call(self, op: str, **args: Any) -> dict[str, Any]:
-        if self._token is None:
-            raise ValueError("the session receiver is not open: receive a message or enter "
-                             "'with receiver:' first")
+        self.open()
         reply = self._link.call(self._link.command(op, self._entity, self.partition,
                                                    **self.args(), **args))
         if not reply.ok and reply.error_code == "SessionLockLost":

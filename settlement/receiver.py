@@ -102,7 +102,7 @@ class ServiceBusReceiver:
         self._turn = itertools.cycle(range(props.partition_count))
         self._peek_from = (0, 0)
         self._closed = False
-        self._session = self._session_for(link, props, session_id, sub_queue)
+        self._session = self._session_for(link, props, session_id, sub_queue, max_wait_time)
         # Only a receiver asked to prefetch locks messages the application has
         # not asked for yet, as in the SDK (prefetch_count=0: none).
         self._read_ahead = (read_ahead.ReadAhead(self._receive_round, self._release)
@@ -113,14 +113,16 @@ class ServiceBusReceiver:
     @staticmethod
     def _session_for(link: EngineLink, props: QueueProperties | SubscriptionProperties,
                      session_id: str | ServiceBusSessionFilter | None,
-                     sub_queue: ServiceBusSubQueue | None) -> ServiceBusSession | None:
+                     sub_queue: ServiceBusSubQueue | None, max_wait_time: float | None
+                     ) -> ServiceBusSession | None:
         if session_id is None or sub_queue is not None:
             return None  # the sub-queues of a session-enabled entity have no sessions
         if not props.requires_session:
             raise InvalidOperationError(
                 f"{props.path} does not require sessions: receive from it without session_id "
                 "(or create it with requires_session=True)")
-        return ServiceBusSession(link, props.path, props.partition_count, session_id)
+        return ServiceBusSession(link, props.path, props.partition_count, session_id,
+                                 max_wait_time)
 
     @property
     def session(self) -> ServiceBusSession | None:
@@ -130,7 +132,7 @@ class ServiceBusReceiver:
     def _open(self) -> None:
         """Lock the session of a session receiver, on its first use."""
         if self._session is not None and not self._closed:
-            self._session.open(self._max_wait_time)
+            self._session.open()
 
     # ----------------------------------------------------------------- receive
     def receive_messages(self, max_message_count: int | None = 1,

@@ -12,9 +12,10 @@ import pytest
 from confluent_kafka import Producer
 
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusReceivedMessage
+from settlement._engine_link import check_reply
 from settlement.exceptions import MessageLockLostError, ServiceBusAuthorizationError
 from settlement.management import ServiceBusAdministrationClient
-from settlement.receiver import ServiceBusReceiver, _raise_for
+from settlement.receiver import ServiceBusReceiver
 from topics import names
 from topics.commands import Command, command_partition, encode_command
 
@@ -58,7 +59,7 @@ def test_a_forged_engine_or_admin_operation_is_refused_and_changes_nothing(
     assert not reply.ok and reply.error_code == "Unauthorized"
     assert op in reply.error_message
     with pytest.raises(ServiceBusAuthorizationError, match=queue):
-        _raise_for(reply, queue)
+        check_reply(reply, queue)
     # The same, produced by a plain Kafka producer with a policy riding along.
     body = encode_command(Command(f"raw-{uuid.uuid4().hex}", op, queue, 0, None, args))
     producer = Producer(client.settings.kafka_config())

@@ -144,12 +144,14 @@ def test_session_state_and_listing(client: ServiceBusClient,
             receiver.session.set_state(b"x" * (256 * 1024 + 1))
     assert sorted(client.list_queue_sessions(queue)) == ["busy", "quiet"]
     with client.get_queue_receiver(queue, session_id="busy") as holder:
+        assert bodies(holder.peek_messages(5)) == ["busy-0", "busy-1", "busy-2"]
         holder.receive_messages(1, max_wait_time=5)
         by_id = {s.session_id: s for s in admin.list_queue_sessions_runtime_properties(queue)}
         assert by_id["busy"].active_message_count == 3 and by_id["busy"].is_locked
         assert by_id["quiet"].state_size_in_bytes == 7 and not by_id["quiet"].is_locked
-    with client.get_queue_receiver(queue, session_id="quiet") as receiver:
-        receiver.session.set_state(None)
+    receiver = client.get_queue_receiver(queue, session_id="quiet")
+    receiver.session.set_state(None)  # the session's first use locks it
+    receiver.close()
     assert client.list_queue_sessions(queue) == ["busy"]
 
 
