@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from streams.window import InflightWindow
 
 #: offsets per stored list of a session's pending offsets
-RANGE = 4096
+RANGE = 1024
 #: the slot session lock tokens are derived for (no offset is this large)
 _SESSION_SLOT = (1 << 63) - 1
 #: operations that need the session lock held by the command's token

@@ -135,3 +135,16 @@ def test_idle_sessions_cost_a_command_nothing() -> None:
 
     few, many = lock_time(100), lock_time(100_000)
     assert many < few * 3 + 0.05, (few, many)
+
+
+def test_a_deep_session_keeps_every_key_and_every_command_small() -> None:
+    """100,000 messages in one session: more than one Kafka record could hold
+    as one list, yet no stored value and no command's writes grow with them."""
+    win = window_with(["deep"] * 100_000)
+    assert max(len(value) for value in win.store._values.values()) < 10_000
+    held = lock(win, "deep", 1)
+    grants = receive(win, held, 2, n=100)
+    items = [[g[0], g[1], "complete", None, None, None, None] for g in grants]
+    outcome = win.apply(cmd("settle", items=items), 3)
+    assert sum(len(k) + len(v or b"") for k, v in outcome.writes.items()) < 20_000
+    assert win.stats()["active"] == 100_000 - 100
