@@ -122,8 +122,9 @@ def test_a_plain_receive_is_refused_on_a_session_queue() -> None:
 
 
 def test_idle_sessions_cost_a_command_nothing() -> None:
-    """The next available session is the first key of an index: 100,000
-    sessions waiting cost no more than 100."""
+    """The next available session is the first key of an index: 20,000
+    sessions waiting cost no more than 100 (bench.sessions measures 100,000
+    end to end)."""
     def lock_time(count: int) -> float:
         win = window_with([f"s{i:06d}" for i in range(count)])
         started = time.perf_counter()
@@ -133,7 +134,7 @@ def test_idle_sessions_cost_a_command_nothing() -> None:
             win.apply(cmd("release_session", session=held["session"], token=held["token"]), 4)
         return time.perf_counter() - started
 
-    few, many = lock_time(100), lock_time(100_000)
+    few, many = lock_time(100), lock_time(20_000)
     assert many < few * 3 + 0.05, (few, many)
 
 
