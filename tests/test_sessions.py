@@ -31,6 +31,12 @@ from streams.states import SESSION_ID_NULL_DESCRIPTION, SESSION_ID_NULL_REASON
 from topics import names
 from topics.connection import parse_connection_string
 
+#: the lock duration of the lapse test: time enough for four calls under load
+LAPSE_S = 5
+#: how long a receiver waits for what must come (the engine files each sent
+#: message under its session a moment after the send)
+WAIT_S = 10
+
 
 def send(client: ServiceBusClient, queue: str, sessions: dict[str, int]) -> None:
     """``count`` messages per session, interleaved: ``<session>-<index>``."""
@@ -46,9 +52,9 @@ def bodies(messages: list) -> list[str]:
 
 def test_order_within_a_session_holds_under_abandon_and_lock_lapse(
         client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
-    queue = make_queue(requires_session=True, lock_duration=2)
+    queue = make_queue(requires_session=True, lock_duration=LAPSE_S)
     send(client, queue, {"a": 5, "b": 3})
-    first = client.get_queue_receiver(queue, session_id="a", max_wait_time=5)
+    first = client.get_queue_receiver(queue, session_id="a", max_wait_time=WAIT_S)
     m0 = first.receive_messages(1)
     assert bodies(m0) == ["a-0"] and m0[0].session_id == "a"
     first.abandon_message(m0[0])
@@ -57,16 +63,16 @@ def test_order_within_a_session_holds_under_abandon_and_lock_lapse(
     assert [m.delivery_count for m in again] == [2, 1]
     first.complete_message(again[0])
     assert first.session.locked_until_utc == again[1].locked_until_utc
-    time.sleep(2.5)  # the session lock lapses, and a-1's lock with it
+    time.sleep(LAPSE_S + 0.5)  # the session lock lapses, and a-1's lock with it
     with pytest.raises(SessionLockLostError):
         first.complete_message(again[1])
-    with client.get_queue_receiver(queue, session_id="a", max_wait_time=2) as second:
+    with client.get_queue_receiver(queue, session_id="a", max_wait_time=WAIT_S) as second:
         rest = second.receive_messages(10)
         assert bodies(rest) == ["a-1", "a-2", "a-3", "a-4"]
         assert rest[0].delivery_count == 2
         second.complete_messages(rest)
     first.close()
-    with client.get_queue_receiver(queue, session_id="b", max_wait_time=2) as other:
+    with client.get_queue_receiver(queue, session_id="b", max_wait_time=WAIT_S) as other:
         assert bodies(other.receive_messages(10)) == ["b-0", "b-1", "b-2"]
 
 
@@ -74,13 +80,13 @@ def test_a_locked_session_cannot_be_locked_again_and_next_available_skips_it(
         client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
     queue = make_queue(requires_session=True, lock_duration=10)
     send(client, queue, {"x": 2, "y": 2})
-    with client.get_queue_receiver(queue, session_id="x", max_wait_time=2) as holder:
+    with client.get_queue_receiver(queue, session_id="x", max_wait_time=WAIT_S) as holder:
         assert holder.session.session_id == "x"
         with pytest.raises(SessionCannotBeLockedError):
             with client.get_queue_receiver(queue, session_id="x", max_wait_time=1):
                 pass
         with client.get_queue_receiver(queue, session_id=NEXT_AVAILABLE_SESSION,
-                                       max_wait_time=2) as next_one:
+                                       max_wait_time=WAIT_S) as next_one:
             assert next_one.session.session_id == "y"
             next_one.complete_messages(next_one.receive_messages(10))
         with pytest.raises(OperationTimeoutError):  # x is held, y is empty
@@ -90,7 +96,7 @@ def test_a_locked_session_cannot_be_locked_again_and_next_available_skips_it(
         holder.receive_messages(1)
     # Closing released x: its unsettled message comes back, counting the delivery.
     with client.get_queue_receiver(queue, session_id=NEXT_AVAILABLE_SESSION,
-                                   max_wait_time=2) as later:
+                                   max_wait_time=WAIT_S) as later:
         assert later.session.session_id == "x"
         messages = later.receive_messages(10)
         assert bodies(messages) == ["x-0", "x-1"] and messages[0].delivery_count == 2
@@ -105,13 +111,15 @@ def test_competing_session_receivers_each_get_whole_sessions_in_order(
     lock = threading.Lock()
 
     def work(index: int) -> None:
+        wait = WAIT_S  # the first wait covers the engine filing the sends by session
         while True:
             try:
                 receiver = client.get_queue_receiver(queue, session_id=NEXT_AVAILABLE_SESSION,
-                                                     max_wait_time=1)
+                                                     max_wait_time=wait)
                 receiver.__enter__()
             except OperationTimeoutError:
                 return
+            wait = 1
             with receiver:
                 while batch := receiver.receive_messages(4, max_wait_time=0.5):
                     with lock:
