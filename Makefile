@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-scale bench-topics lint clean java chromium maven
+.PHONY: demo test bench bench-scale bench-topics bench-sessions lint clean java chromium maven
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,12 @@ bench-scale: $(STAMP) java maven
 # 10 subscriptions with SQL filters selecting 10% each, beside a plain queue
 bench-topics: $(STAMP) java maven
 	$(BIN)/python -m bench.topics --broker $(BROKER) $(ARGS)
+
+# make bench-sessions [BROKER=embedded|kafka] [ARGS="--sessions 10000"]: sessions
+# of 10 (2,000 by default) drained by 4 NEXT_AVAILABLE_SESSION receivers beside
+# a plain queue, and the commands of a session beside 100,000 idle ones
+bench-sessions: $(STAMP) java maven
+	$(BIN)/python -m bench.sessions --broker $(BROKER) $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -165,13 +165,13 @@ def test_session_state_and_listing(client: ServiceBusClient,
 
 def test_auto_lock_renewer_keeps_a_session(client: ServiceBusClient,
                                            make_queue: Callable[..., str]) -> None:
-    queue = make_queue(requires_session=True, lock_duration=2)
+    queue = make_queue(requires_session=True, lock_duration=4)
     send(client, queue, {"long": 2})
     with AutoLockRenewer() as renewer, client.get_queue_receiver(
-            queue, session_id="long", max_wait_time=5) as receiver:
+            queue, session_id="long", max_wait_time=WAIT_S) as receiver:
         renewer.register(receiver, receiver.session, max_lock_renewal_duration=30)
         messages = receiver.receive_messages(2)
-        time.sleep(4)  # twice the lock duration
+        time.sleep(6)  # one and a half lock durations
         assert all(r.succeeded for r in receiver.complete_messages(messages))
         assert receiver.session.auto_renew_error is None
         with pytest.raises(TypeError, match="renew the session lock"):
