@@ -196,9 +196,10 @@ class ServiceBusReceiver:
         """The held session's next messages, in order, from its partition."""
         assert self._session is not None
         partition = self._session.partition
+        # hw 0: the engine learns a session entity's log end from its scanner,
+        # so the receiver need not wait for a fetch before asking.
         cmd = self._link.command("acquire", self._entity, partition, sub="active",
-                                 mode=self.receive_mode.value, max=want,
-                                 hw=self._reader(partition).high_watermark(),
+                                 mode=self.receive_mode.value, max=want, hw=0,
                                  **self._session.args())
         reply = self._link.call(cmd)
         if not reply.ok and reply.error_code == "SessionLockLost":
