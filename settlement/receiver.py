@@ -481,9 +481,11 @@ class ServiceBusReceiver:
         if self._session is not None and not self._closed:
             self._session.release()
         self._closed = True
-        for reader in self._readers.values():
+        # A snapshot: the client may close this receiver while a thread of
+        # the application is still in one of its calls.
+        readers, self._readers = list(self._readers.values()), {}
+        for reader in readers:
             reader.close()
-        self._readers.clear()
 
     def __enter__(self) -> ServiceBusReceiver:
         self._open()
