@@ -124,7 +124,9 @@ def test_auto_lock_renewer_renews_a_partitions_locks_in_one_command_per_round(
         renewals = batcher.commands_sent - before
         assert client.get_queue_receiver(queue).receive_messages(1, max_wait_time=0.5) == []
         assert all(r.succeeded for r in receiver.complete_messages(messages))
-    assert 2 <= renewals <= 6, f"{renewals} renew commands for 100 locks over ~4 rounds"
+    # ~4 rounds of one command each; a loaded machine splits a round or two
+    # (receive_all locked the 100 in a few batches). One per lock would be 200.
+    assert 2 <= renewals <= 10, f"{renewals} renew commands for 100 locks over ~4 rounds"
 
 
 def test_concurrent_single_settles_share_engine_commands(
