@@ -308,8 +308,7 @@ def lock(window: InflightWindow, cmd: Command, now: int, events: list[Event]) ->
     batch, until = batch_id(cmd.id), now + window.lock_ms
     window.sessions.lock(session, batch, until)
     window.due.add(until, SESSION, window.sessions.ident(session_id), [session_id])
-    return {"session": session_id, "until": until, "token": token(window, batch),
-            "state_size": session.state_size}
+    return {"session": session_id, "until": until, "token": token(window, batch)}
 
 
 def acquire(window: InflightWindow, cmd: Command, events: list[Event]) -> dict[str, Any]:
@@ -323,15 +322,7 @@ def acquire(window: InflightWindow, cmd: Command, events: list[Event]) -> dict[s
         if entry is not None and entry.state in (QUEUED, AVAILABLE):
             picked.append(offset)
     if cmd.args["mode"] == "receive_and_delete":
-        grants = []
-        for offset in picked:
-            entry = window.entries.get(offset)
-            assert entry is not None
-            grants.append([offset, None, 0, entry.deliveries + 1, None, None, None, "active"])
-            window.settled(offset)
-        if picked:
-            events.append(Event("received_and_deleted", picked))
-        return {"grants": grants, "next": window.next}
+        return {"grants": window.delete_on_receipt(picked, events), "next": window.next}
     grants = []
     for offset in picked:
         entry = window.entries.get(offset)

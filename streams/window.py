@@ -347,11 +347,12 @@ class InflightWindow:
     def put(self, offset: int, entry: Entry | None) -> None:
         """Set the entry of an offset, counting those not yet reached, and
         keeping the sessions' pending offsets in step."""
-        old = self.entries.get(offset)
-        if offset >= self.next:
-            self.ahead += (entry is not None) - (old is not None)
-        if (old is not None and old.session) or (entry is not None and entry.session):
-            entry = sessions.on_put(self, offset, old, entry)
+        if offset >= self.next or self.requires_session:  # plain settlements skip the read
+            old = self.entries.get(offset)
+            if offset >= self.next:
+                self.ahead += (entry is not None) - (old is not None)
+            if (old is not None and old.session) or (entry is not None and entry.session):
+                entry = sessions.on_put(self, offset, old, entry)
         self.entries.put(offset, entry)
 
     def settled(self, offset: int) -> None:
@@ -483,20 +484,24 @@ class InflightWindow:
                   if self.counts.get(AVAILABLE) else [])
         picked += self._take_fresh(want - len(picked))
         if cmd.args["mode"] == "receive_and_delete":
-            counts = []
-            for offset in picked:
-                entry = self.entries.get(offset)
-                counts.append((entry.deliveries if entry else 0) + 1)
-                self.settled(offset)
-            if picked:
-                events.append(Event("received_and_deleted", picked))
-            return {"grants": [[o, None, 0, dc, None, None, None, "active"]
-                               for o, dc in zip(picked, counts, strict=True)],
-                    "next": self.next}
+            return {"grants": self.delete_on_receipt(picked, events), "next": self.next}
         grants = self._lock(picked, LOCKED, batch, until)
         if picked:
             events.append(Event("locked", picked, {"until": until}))
         return {"grants": grants, "next": self.next}
+
+    def delete_on_receipt(self, picked: list[int], events: list[Event]) -> list[list[Any]]:
+        """Hand ``picked`` out settled (receive-and-delete): grants without a
+        lock token, each with the delivery it counts."""
+        grants = []
+        for offset in picked:
+            entry = self.entries.get(offset)
+            deliveries = (entry.deliveries if entry else 0) + 1
+            grants.append([offset, None, 0, deliveries, None, None, None, "active"])
+            self.settled(offset)
+        if picked:
+            events.append(Event("received_and_deleted", picked))
+        return grants
 
     def _first_in(self, family: str, state: str, want: int) -> list[int]:
         """The first ``want`` offsets of a sub-queue index that are in ``state``."""
