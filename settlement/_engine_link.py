@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 import uuid
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from settlement._retry import SERVER_BUSY_WAIT_S, RetryPolicy
 from settlement.exceptions import (
     InvalidOperationError,
     OperationTimeoutError,
@@ -24,6 +26,8 @@ from settlement.exceptions import (
     ServiceBusCommunicationError,
     ServiceBusConnectionError,
     ServiceBusError,
+    ServiceBusQuotaExceededError,
+    ServiceBusServerBusyError,
     SessionLockLostError,
 )
 from topics import names
@@ -41,10 +45,13 @@ from topics.offsets import take
 log = logging.getLogger(__name__)
 
 
+#: the engine's answer to a command over the namespace's limit
+SERVER_BUSY = "ServerBusy"
 #: the engine's error codes that have their own exception
 _ERRORS: dict[str, type[ServiceBusError]] = {
     "Unauthorized": ServiceBusAuthorizationError, "SessionLockLost": SessionLockLostError,
-    "SessionRequired": InvalidOperationError, "InvalidOperation": InvalidOperationError}
+    "SessionRequired": InvalidOperationError, "InvalidOperation": InvalidOperationError,
+    SERVER_BUSY: ServiceBusServerBusyError, "QuotaExceeded": ServiceBusQuotaExceededError}
 
 
 def check_reply(reply: Reply, entity_path: str) -> None:
@@ -59,11 +66,13 @@ class EngineLink:
     """Sends commands to the engine and waits for their answers."""
 
     def __init__(self, settings: ConnectionSettings, *, attempt_timeout: float = 10.0,
-                 attempts: int = 3) -> None:
+                 retry: RetryPolicy | None = None) -> None:
         self.settings = settings
         self.client_id = uuid.uuid4().hex
         self.attempt_timeout = attempt_timeout
-        self.attempts = attempts
+        self.retry = retry or RetryPolicy()
+        #: entity -> time.monotonic() before which it is not sent to (busy)
+        self._busy_until: dict[str, float] = {}
         self._commands_topic = names.commands(settings.namespace)
         self._producer = Producer({**settings.kafka_config(), "acks": "all",
                                    "enable.idempotence": True, "linger.ms": 0})
@@ -101,30 +110,74 @@ class EngineLink:
         return self.call_many([cmd])[0]
 
     def call_many(self, cmds: list[Command]) -> list[Reply]:
-        """Send several commands at once and wait for all of their answers."""
+        """Send several commands at once and wait for all of their answers.
+
+        Commands without an answer in time, or answered busy, are sent again
+        under their ids as the retry policy says; an entity answered busy is
+        left alone for at least 10 s (its other callers wait too; calls on
+        other entities do not)."""
         replies: dict[str, Reply] = {}
         pending = list(cmds)
-        for _attempt in range(self.attempts):
-            futures = [(c, self._send(c)) for c in pending]
-            self._producer.flush(self.attempt_timeout)
-            pending = []
-            for cmd, fut in futures:
-                try:
-                    replies[cmd.id] = fut.result(self.attempt_timeout)
-                except FutureTimeout:
-                    pending.append(cmd)
-                finally:
-                    with self._lock:
-                        self._waiting.pop(cmd.id, None)
-            if not pending:
+        retried = 0
+        while True:
+            self._wait_while_busy({c.entity for c in pending})
+            error = self._attempt(pending, replies)
+            if error is None:
                 return [replies[c.id] for c in cmds]
-            log.warning("no answer from the engine to %d command(s) in %.0fs; retrying",
-                        len(pending), self.attempt_timeout)
-        raise OperationTimeoutError(
-            f"the engine of namespace {self.settings.namespace!r} did not answer "
-            f"{pending[0].op} on {pending[0].window_key} after {self.attempts} attempts: "
-            "check that an engine worker is running ('settlement worker')"
-        )
+            pending = [c for c in pending if c.id not in replies]
+            wait = self.retry.next_wait(retried, error)
+            if wait is None:
+                raise error
+            log.warning("%s; retry %d of %d in %.1f s", error.message, retried + 1,
+                        self.retry.total, wait)
+            time.sleep(wait)
+            retried += 1
+
+    def _attempt(self, cmds: list[Command], replies: dict[str, Reply]
+                 ) -> ServiceBusError | None:
+        """Send ``cmds`` once; put their answers in ``replies``. Returns the
+        error that stands for those left without one (busy, timed out or
+        not sent), None when every one was answered."""
+        futures = [(c, self._send(c)) for c in cmds]
+        self._producer.flush(self.attempt_timeout)
+        deadline = time.monotonic() + self.attempt_timeout
+        error: ServiceBusError | None = None
+        for cmd, fut in futures:
+            try:
+                reply = fut.result(max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                continue
+            except ServiceBusCommunicationError as exc:
+                error = exc
+                continue
+            finally:
+                with self._lock:
+                    self._waiting.pop(cmd.id, None)
+            if reply.ok or reply.error_code != SERVER_BUSY:
+                replies[cmd.id] = reply
+                continue
+            with self._lock:
+                self._busy_until[cmd.entity] = time.monotonic() + SERVER_BUSY_WAIT_S
+            error = ServiceBusServerBusyError(
+                f"the engine of namespace {self.settings.namespace!r} is busy: "
+                f"{reply.error_message}", error_code=SERVER_BUSY)
+        left = next((c for c in cmds if c.id not in replies), None)
+        if error is not None or left is None:
+            return error
+        return OperationTimeoutError(
+            f"the engine of namespace {self.settings.namespace!r} did not answer {left.op} "
+            f"on {left.window_key} within {self.attempt_timeout:g} s: check that an engine "
+            "worker is running ('settlement worker')")
+
+    def _wait_while_busy(self, entities: set[str]) -> None:
+        """Sleep until none of ``entities`` is within its busy wait."""
+        with self._lock:
+            until = max((self._busy_until.get(e, 0.0) for e in entities), default=0.0)
+        pause = until - time.monotonic()
+        if pause > 0:
+            log.info("waiting %.1f s: the namespace answered busy for %s", pause,
+                     ", ".join(sorted(entities)))
+            time.sleep(pause)
 
     def _send(self, cmd: Command) -> Future[Reply]:
         fut: Future[Reply] = Future()

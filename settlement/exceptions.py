@@ -43,11 +43,20 @@ class OperationTimeoutError(ServiceBusError):
 
 
 class ServiceBusServerBusyError(ServiceBusError):
+    """The namespace is over its limit of engine commands per second. Wait
+    at least 10 seconds before trying that entity again (the clients do)."""
+
     retryable_default = True
 
 
 class ServiceBusQuotaExceededError(ServiceBusError):
-    pass
+    """The entity is full (``max_size_in_megabytes``): receive or delete
+    messages, or raise the quota. Retrying the same send does not help."""
+
+
+#: the names the issue tracker and the seeds use
+ServerBusyError = ServiceBusServerBusyError
+QuotaExceededError = ServiceBusQuotaExceededError
 
 
 class ServiceBusAuthorizationError(ServiceBusError):
@@ -120,6 +129,8 @@ class AutoLockRenewTimeout(ServiceBusError):
 
 class MessageAlreadySettled(ValueError):
     """The message was settled already; a message is settled once."""
+
+    retryable = False
 
     def __init__(self, action: str = "settle") -> None:
         super().__init__(
