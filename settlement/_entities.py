@@ -2,7 +2,9 @@
 ``NS.__entities`` topic, keyed by entity name (a tombstone deletes).
 
 Keys: a queue's or a topic's name, ``TOPIC/subscriptions/SUB`` for a
-subscription, ``TOPIC/subscriptions/SUB/rules/RULE`` for a rule."""
+subscription, ``TOPIC/subscriptions/SUB/rules/RULE`` for a rule, and
+``$namespace`` for the namespace's own settings (no entity name starts with
+``$``)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from settlement._namespace import NAMESPACE_KEY, NamespaceProperties
 from settlement._properties import QueueProperties
 from settlement._rules import RuleProperties
 from settlement._topic_properties import (
@@ -33,7 +36,8 @@ from topics.offsets import log_end_offsets, take
 log = logging.getLogger(__name__)
 _CACHE_SECONDS = 2.0
 _KIND = {QueueProperties: "queue", TopicProperties: "topic",
-         SubscriptionProperties: "subscription", RuleProperties: "rule"}
+         SubscriptionProperties: "subscription", RuleProperties: "rule",
+         NamespaceProperties: "namespace"}
 
 
 class EntityRegistry:
@@ -63,6 +67,13 @@ class EntityRegistry:
 
     def topics(self) -> dict[str, TopicProperties]:
         return {k: v for k, v in self.load_all().items() if isinstance(v, TopicProperties)}
+
+    def namespace_properties(self) -> NamespaceProperties:
+        """The namespace's settings as last written (defaults if never)."""
+        found = self.load_all().get(NAMESPACE_KEY)
+        if isinstance(found, NamespaceProperties):
+            return found
+        return NamespaceProperties(self._settings.namespace)
 
     def subscriptions_of(self, topic: str, *, fresh: bool = True
                          ) -> list[SubscriptionProperties]:

@@ -33,6 +33,8 @@ class QueueProperties:
     forward_to: str | None = None
     forward_dead_lettered_messages_to: str | None = None
     max_message_size_in_kilobytes: int = 1024
+    #: what the queue may hold (sends that would pass it fail, QuotaExceeded)
+    max_size_in_megabytes: int = 1024
     enable_partitioning: bool = False
     partition_count: int = 1
     created_at_utc: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))

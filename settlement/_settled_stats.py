@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 from confluent_kafka import Consumer
 
 from settlement._engine_link import EngineLink
 from settlement._properties import QueueProperties
 from settlement._topic_properties import SubscriptionProperties
+from settlement.exceptions import ServiceBusError
 from topics import names
 from topics.commands import Reply
 from topics.offsets import log_end_offsets
@@ -53,3 +55,19 @@ def settled_stats(link: EngineLink, props: QueueProperties | SubscriptionPropert
         if not behind or time.monotonic() > deadline:
             return replies
         time.sleep(0.05)
+
+
+def add_counts(runtime: Any, replies: list[Reply]) -> None:
+    """Add each window's counts (the replies of :func:`settled_stats`) into a
+    queue's or a subscription's runtime properties; raise what the engine
+    refused."""
+    for reply in replies:
+        if not reply.ok:
+            raise ServiceBusError(reply.error_message, error_code=reply.error_code)
+        stats = reply.result
+        runtime.active_message_count += stats["active"]
+        runtime.dead_letter_message_count += stats["dead_letter"]
+        runtime.deferred_message_count += stats["deferred"]
+        runtime.locked_message_count += stats["locked"]
+        runtime.scheduled_message_count += stats.get("scheduled", 0)
+        runtime.transfer_dead_letter_message_count += stats.get("transfer_dead_letter", 0)

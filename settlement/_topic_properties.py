@@ -13,6 +13,7 @@ import datetime as dt
 import json
 from dataclasses import dataclass, field
 
+from settlement._namespace import NamespaceProperties
 from settlement._properties import (
     DEFAULT_DUPLICATE_WINDOW,
     DEFAULT_LOCK,
@@ -150,12 +151,13 @@ class SubscriptionRuntimeProperties:
                 + self.scheduled_message_count)
 
 
-Definition = QueueProperties | TopicProperties | SubscriptionProperties | RuleProperties
+Definition = (QueueProperties | TopicProperties | SubscriptionProperties | RuleProperties
+              | NamespaceProperties)
 
 
 def load_definition(raw: bytes) -> Definition:
     """Any definition of the entities topic, by its ``kind`` (queues written
-    before topics existed carry none)."""
+    before topics existed carry none); the namespace's own record too."""
     body = json.loads(raw)
     if not isinstance(body, dict):
         raise ValueError("a definition must be a JSON object")
@@ -168,4 +170,6 @@ def load_definition(raw: bytes) -> Definition:
         return RuleProperties.from_body(body)
     if kind == "queue":
         return from_definition(QueueProperties, body)
+    if kind == "namespace":
+        return from_definition(NamespaceProperties, body)
     raise ValueError(f"unknown definition kind {kind!r}")

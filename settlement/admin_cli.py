@@ -1,8 +1,9 @@
 """The administration commands of the ``settlement`` CLI: ``queue``, ``topic``,
 ``subscription`` and ``rule`` (each with ``create``, ``list``, ``show``,
-``delete``)::
+``delete``; queues and topics with ``update``)::
 
     settlement topic create sales --partitions 2
+    settlement queue update orders --max-size-in-megabytes 2048
     settlement subscription create sales eu --lock-duration 30
     settlement rule create sales eu in-eu --sql "region = 'eu'"
     settlement rule delete sales eu '$Default'
@@ -19,6 +20,7 @@ same printers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import sys
 from collections.abc import Callable, Sequence
@@ -41,6 +43,7 @@ from settlement.management import (
     SqlRuleFilter,
     TrueRuleFilter,
 )
+from settlement.management._validation import as_timedeltas
 from settlement.message import PropertyValue
 from topics import names
 from topics.rule_set import CORRELATION_FIELDS, DEFAULT_RULE
@@ -83,18 +86,25 @@ ENTITY_OPTIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "forward_dead_letters_to": (
         "--forward-dead-letters-to", "forward_dead_lettered_messages_to", dict(
             metavar="ENTITY", help="forward dead letters to this queue or topic")),
+    "max_size": ("--max-size-in-megabytes", "max_size_in_megabytes", dict(
+        type=int, metavar="MB",
+        help="what the entity may hold; a send that would pass it fails with "
+             "QuotaExceeded (default: 1024)")),
 }
 QUEUE_OPTIONS = ("lock_duration", "max_delivery_count", "partitions", "default_ttl",
                  "dead_letter_on_expiration", "duplicate_detection", "requires_session",
-                 "forward_to", "forward_dead_letters_to")
-TOPIC_OPTIONS = ("partitions", "default_ttl", "duplicate_detection")
+                 "forward_to", "forward_dead_letters_to", "max_size")
+TOPIC_OPTIONS = ("partitions", "default_ttl", "duplicate_detection", "max_size")
+#: what cannot change once the entity exists (``update`` does not offer it)
+FIXED_OPTIONS = ("partitions", "requires_session")
 SUBSCRIPTION_OPTIONS = ("lock_duration", "max_delivery_count", "default_ttl",
                         "dead_letter_on_expiration", "dead_letter_on_filter_errors",
                         "requires_session", "forward_to", "forward_dead_letters_to")
 
 #: What each ``show`` prints, in order.
 QUEUE_FIELDS = ("name", "lock_duration", "max_delivery_count", "partition_count",
-                "max_message_size_in_kilobytes", "default_message_time_to_live",
+                "max_message_size_in_kilobytes", "max_size_in_megabytes",
+                "default_message_time_to_live",
                 "dead_lettering_on_message_expiration", "requires_duplicate_detection",
                 "duplicate_detection_history_time_window", "requires_session", "forward_to",
                 "forward_dead_lettered_messages_to", "created_at_utc")
@@ -149,12 +159,16 @@ def entity_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _add_queue_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    sub = add_group(commands, common, "queue", "create, list, show, delete, sessions",
+    sub = add_group(commands, common, "queue", "create, update, list, show, delete, sessions",
                     "Manage the queues of a namespace.")
     create = add_command(sub, common, "create", cmd_queue_create, "create a queue",
                          "Create a queue; fails if a queue or topic of that name exists.",
                          "NAME")
     add_entity_options(create, QUEUE_OPTIONS)
+    update = add_command(sub, common, "update", cmd_queue_update, "change a queue's settings",
+                         "Change the settings given; the others stay. New locks follow a "
+                         "new lock duration at once.", "NAME")
+    add_entity_options(update, _changeable(QUEUE_OPTIONS))
     add_command(sub, common, "list", cmd_queue_list, "list queues",
                 "List the queues of the namespace.")
     add_command(sub, common, "show", cmd_queue_show, "show properties and counts",
@@ -167,7 +181,7 @@ def _add_queue_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _add_topic_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    sub = add_group(commands, common, "topic", "create, list, show, delete",
+    sub = add_group(commands, common, "topic", "create, update, list, show, delete",
                     "Manage the topics of a namespace. A topic stores each message once and "
                     "delivers it to every subscription whose rules select it.")
     create = add_command(sub, common, "create", cmd_topic_create, "create a topic",
@@ -175,6 +189,9 @@ def _add_topic_commands(commands: Any, common: argparse.ArgumentParser) -> None:
                          "has no subscriptions yet: add them with 'settlement subscription "
                          "create'.", "NAME")
     add_entity_options(create, TOPIC_OPTIONS)
+    update = add_command(sub, common, "update", cmd_topic_update, "change a topic's settings",
+                         "Change the settings given; the others stay.", "NAME")
+    add_entity_options(update, _changeable(TOPIC_OPTIONS))
     add_command(sub, common, "list", cmd_topic_list, "list topics",
                 "List the topics of the namespace.")
     add_command(sub, common, "show", cmd_topic_show, "show properties and counts",
@@ -183,6 +200,10 @@ def _add_topic_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     add_command(sub, common, "delete", cmd_topic_delete, "delete a topic",
                 "Delete a topic, its subscriptions (with their messages and rules) and its "
                 "log.", "NAME")
+
+
+def _changeable(options: Sequence[str]) -> tuple[str, ...]:
+    return tuple(o for o in options if o not in FIXED_OPTIONS)
 
 
 def _add_subscription_commands(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -250,6 +271,25 @@ def cmd_queue_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_queue_update(args: argparse.Namespace) -> int:
+    return _update(args, "queue")
+
+
+def _update(args: argparse.Namespace, kind: str) -> int:
+    """``queue update`` and ``topic update``: the definition as it is, with
+    the options given, through ``update_queue`` or ``update_topic``."""
+    options = entity_options(args)
+    if not options:
+        raise UsageError(f"nothing to change: give the settings to change (settlement {kind} "
+                         "update --help lists them)")
+    with admin_client(args) as admin:
+        get, update = getattr(admin, f"get_{kind}"), getattr(admin, f"update_{kind}")
+        update(dataclasses.replace(get(args.name), **as_timedeltas(options)))
+        props = get(args.name)
+    print(f"updated {kind} {props.name!r}: " + settings_text(props, *options))
+    return 0
+
+
 def cmd_queue_list(args: argparse.Namespace) -> int:
     with admin_client(args) as admin:
         queues = admin.list_queues()
@@ -290,6 +330,10 @@ def cmd_topic_create(args: argparse.Namespace) -> int:
           + settings_text(props, "partition_count", "default_message_time_to_live",
                           "requires_duplicate_detection"))
     return 0
+
+
+def cmd_topic_update(args: argparse.Namespace) -> int:
+    return _update(args, "topic")
 
 
 def cmd_topic_list(args: argparse.Namespace) -> int:

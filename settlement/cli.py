@@ -123,10 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="worker log level (default: info)")
     worker.set_defaults(handler=cmd_worker)
 
-    # Imported here, not at the top: admin_cli builds on this module's helpers.
-    from settlement import admin_cli
+    # Imported here, not at the top: they build on this module's helpers.
+    from settlement import admin_cli, namespace_cli
 
     admin_cli.add_commands(commands, common)
+    namespace_cli.add_commands(commands, common)
     _add_send(commands, common)
     _add_receive(commands, common)
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from faust.types import TP, EventT, StreamT
 
+from settlement._namespace import NAMESPACE_KEY
 from streams import sessions
 from streams.app import (
     app,
@@ -40,6 +41,7 @@ from streams.app import (
 from streams.definitions import Definitions
 from streams.states import Event, Refused
 from streams.table_store import TableStore
+from streams.throttle import CommandThrottle
 from streams.window import InflightWindow
 from topics import names, specs
 from topics.commands import (
@@ -67,6 +69,8 @@ _written: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
 _followed: list[Definitions] = []
 #: called (in a thread) with the key of each window the engine forgets
 on_window_dropped: list[Callable[[str], None]] = []
+#: the namespace's limit of commands per second, as this worker applies it
+_throttle = CommandThrottle()
 #: commands and the engine's own operations, one at a time (they share windows)
 _one_at_a_time = asyncio.Lock()
 #: Fault injection for tests: the worker exits (as after ``kill -9``) right
@@ -116,8 +120,42 @@ async def _handle(event: EventT) -> None:
         _reject(cmd, "Misrouted", f"command for window {cmd.window_key} must be keyed by it "
                 f"and sent to partition {command_partition(cmd.window_key, partitions or 1)}")
         return
+    if not _admitted(cmd):
+        return
     async with _one_at_a_time:
         await _execute(cmd, partition, int(event.message.timestamp * 1000))
+
+
+def _admitted(cmd: Command) -> bool:
+    """Whether the namespace's limit of commands per second lets a client's
+    command run. If not, it is answered ``ServerBusy`` before the window
+    sees it, so no answer is recorded and its retry (same id) runs. Commands
+    on the namespace's own record always run: a raised limit must get
+    through. The engine's own operations (:func:`run_internal`) never come
+    here."""
+    if cmd.entity == NAMESPACE_KEY:
+        return True
+    limit = definitions().max_commands_per_second
+    now = time.monotonic()
+    if _throttle.admit(limit, _share() if limit is not None else 0.0, now):
+        return True
+    _answer_refusal(cmd, "ServerBusy",
+                    f"namespace {settings.namespace!r} is over its limit of {limit} engine "
+                    "commands per second: wait 10 seconds and try again (clients do this on "
+                    "their own)")
+    if refused := _throttle.refused_to_report(now):
+        log.warning("answered %d commands ServerBusy since the last report: namespace %r is "
+                    "over its limit of %s commands per second", refused, settings.namespace,
+                    limit)
+    return False
+
+
+def _share() -> float:
+    """This worker's share of the commands topic's partitions: the share of
+    the namespace's limit it admits."""
+    topic = commands_topic.get_topic_name()
+    mine = sum(1 for tp in app.consumer.assignment() if tp.topic == topic)
+    return max(mine, 1) / (app.consumer.topic_partitions(topic) or specs.ENGINE_PARTITIONS)
 
 
 async def run_internal(cmd: Command) -> None:
@@ -282,6 +320,10 @@ def _reply_ok(cmd: Command, result: dict[str, Any]) -> None:
 
 def _reject(cmd: Command, code: str, message: str) -> None:
     log.warning("command %s (%s on %s): %s", cmd.id, cmd.op, cmd.window_key, message)
+    _answer_refusal(cmd, code, message)
+
+
+def _answer_refusal(cmd: Command, code: str, message: str) -> None:
     if cmd.reply is not None:
         _answer(cmd.reply, Reply(cmd.id, cmd.reply.client, False,
                                  error_code=code, error_message=message))

@@ -8,7 +8,8 @@ of them does. Every worker follows that topic from its start in a thread of
 its own (it is small, one record per queue), so ``update_queue`` takes effect
 without a restart and no client can reset a policy with what it cached. A
 policy's version is the offset of its definition record: a window adopts a
-policy only if it is newer than the one it has.
+policy only if it is newer than the one it has. The namespace's own record
+(``$namespace``: its limit of commands per second) is followed the same way.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import uuid
 
 from confluent_kafka import Consumer, TopicPartition
 
+from settlement._namespace import NAMESPACE_KEY, NamespaceProperties
 from settlement._properties import QueueProperties
 from settlement._rules import RuleProperties
 from settlement._topic_properties import (
@@ -57,6 +59,8 @@ class Definitions:
         #: name -> offset of the last deletion read: windows of an older
         #: definition belong to a deleted queue
         self._deleted: dict[str, int] = {}
+        #: the namespace's limit of client commands per second (None: none)
+        self.max_commands_per_second: int | None = None
         #: the next offset to read
         self._position = 0
         #: wall-clock ms when a read last found nothing more to read
@@ -120,6 +124,9 @@ class Definitions:
 
     def _apply(self, key: bytes | None, value: bytes | None, offset: int) -> None:
         name = (key or b"").decode(errors="replace")
+        if name == NAMESPACE_KEY:
+            self._apply_namespace(value, offset)
+            return
         if value is None:
             gone = self._definitions.pop(name, None)
             if isinstance(gone, RuleProperties):
@@ -145,6 +152,24 @@ class Definitions:
             self._follow_subscription(name, offset)
         elif isinstance(definition, RuleProperties):
             self._follow_subscription(name.rpartition(names.RULES)[0], offset)
+
+    def _apply_namespace(self, value: bytes | None, offset: int) -> None:
+        """The namespace's settings; their deletion lifts the limit."""
+        limit = None
+        if value is not None:
+            try:
+                found = load_definition(value)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("ignoring unreadable namespace settings at offset %d: %s",
+                            offset, exc)
+                return
+            if not isinstance(found, NamespaceProperties):
+                log.warning("ignoring a %s under %r at offset %d", type(found).__name__,
+                            NAMESPACE_KEY, offset)
+                return
+            limit = found.max_commands_per_second
+        self.max_commands_per_second = limit
+        log.info("the namespace's limit of commands per second is now %s", limit or "none")
 
     def _follow_subscription(self, path: str, offset: int) -> None:
         """A subscription's policy after its definition, its topic's or one

@@ -19,7 +19,8 @@ COMMANDS = [
     [], ["broker"], ["worker"], ["send"], ["receive"], ["dlq"],
     *([group, *command] for group in ("queue", "topic", "subscription", "rule")
       for command in ([], ["create"], ["list"], ["show"], ["delete"])),
-    ["queue", "sessions"], ["subscription", "sessions"],
+    ["queue", "sessions"], ["subscription", "sessions"], ["queue", "update"],
+    ["topic", "update"], ["namespace"], ["namespace", "show"], ["namespace", "set"],
 ]
 
 
@@ -191,6 +192,44 @@ def test_queue_create_with_lifecycle_options_and_show(conn: str, queue_name: str
     assert fields["requires_duplicate_detection"] == "True"
     assert fields["dead_lettering_on_message_expiration"] == "True"
     assert fields["scheduled_message_count"] == "0" and fields["total_message_count"] == "0"
+
+
+def test_queue_and_topic_update_change_the_size_quota(conn: str, queue_name: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    cs = ("--connection-string", conn)
+    topic = f"{queue_name}-t"
+    assert run(capsys, "queue", "create", queue_name, "--max-size-in-megabytes", "5", *cs)[0] == 0
+    assert run(capsys, "topic", "create", topic, "--max-size-in-megabytes", "6", *cs)[0] == 0
+    code, out, err = run(capsys, "queue", "update", queue_name, "--max-size-in-megabytes", "7",
+                         "--max-delivery-count", "3", *cs)
+    assert code == 0, err
+    assert "max_size_in_megabytes=7" in out and "max_delivery_count=3" in out
+    assert shown(run(capsys, "queue", "show", queue_name, *cs)[1])["max_size_in_megabytes"] == "7"
+    assert run(capsys, "topic", "update", topic, "--max-size-in-megabytes", "8", *cs)[0] == 0
+    assert shown(run(capsys, "topic", "show", topic, *cs)[1])["max_size_in_megabytes"] == "8"
+    code, _, err = run(capsys, "queue", "update", queue_name, "--max-size-in-megabytes", "0", *cs)
+    assert code == 2 and "max_size_in_megabytes" in err
+    code, _, err = run(capsys, "topic", "update", topic, *cs)
+    assert code == 2 and "nothing to change" in err
+
+
+def test_namespace_set_and_show_the_command_limit(conn: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    cs = ("--connection-string", conn)
+    try:  # high enough that nothing running beside this test notices
+        code, out, err = run(capsys, "namespace", "set", "--max-commands-per-second", "50000",
+                             *cs)
+        assert code == 0, err
+        assert shown(out)["max_commands_per_second"] == "50000"
+        assert shown(run(capsys, "namespace", "show", *cs)[1])["max_commands_per_second"] \
+            == "50000"
+    finally:
+        code, out, err = run(capsys, "namespace", "set", "--max-commands-per-second", "none",
+                             *cs)
+    assert code == 0, err
+    assert shown(out)["max_commands_per_second"] == "none"
+    code, _, err = run(capsys, "namespace", "set", "--max-commands-per-second", "many", *cs)
+    assert code == 2 and "whole number or 'none'" in err
 
 
 # ------------------------------------------------------- topics, subscriptions, rules

@@ -1,6 +1,7 @@
 """Administration of queues, topics, subscriptions and rules, as
 ``azure.servicebus.management``."""
 
+from settlement._namespace import NamespaceProperties
 from settlement._properties import QueueProperties, QueueRuntimeProperties
 from settlement._rules import (
     CorrelationRuleFilter,
@@ -24,4 +25,5 @@ __all__ = [
     "TopicProperties", "TopicRuntimeProperties", "SubscriptionProperties",
     "SubscriptionRuntimeProperties", "RuleProperties", "SqlRuleFilter", "CorrelationRuleFilter",
     "TrueRuleFilter", "FalseRuleFilter", "SqlRuleAction", "SessionRuntimeProperties",
+    "NamespaceProperties",
 ]

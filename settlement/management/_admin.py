@@ -10,12 +10,14 @@ from confluent_kafka.admin import AdminClient
 
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
+from settlement._namespace import NAMESPACE_KEY, NamespaceProperties
 from settlement._properties import (
     QueueProperties,
     QueueRuntimeProperties,
 )
+from settlement._retry import RetryPolicy
 from settlement._session_listing import SessionRuntimeProperties, list_sessions
-from settlement._settled_stats import log_ends, settled_stats
+from settlement._settled_stats import add_counts, log_ends, settled_stats
 from settlement._topic_properties import SubscriptionProperties, SubscriptionRuntimeProperties
 from settlement.exceptions import (
     MessagingEntityAlreadyExistsError,
@@ -26,7 +28,12 @@ from settlement.exceptions import (
 )
 from settlement.management._queue_size import queue_size_in_bytes
 from settlement.management._topics import TopicAdministration, updated
-from settlement.management._validation import as_timedeltas, validated, validated_log
+from settlement.management._validation import (
+    as_timedeltas,
+    positive_or_none,
+    validated,
+    validated_log,
+)
 from topics import names, specs
 from topics.connection import ConnectionSettings, parse_connection_string
 
@@ -73,6 +80,23 @@ class ServiceBusAdministrationClient(TopicAdministration):
         self._engine_follows(queue.name, props.partition_count,
                              self._registry.put(props, queue.name))
 
+    def get_namespace_properties(self) -> NamespaceProperties:
+        """The namespace's settings: its limit of engine commands per second."""
+        return self._registry.namespace_properties()
+
+    def update_namespace_properties(self, *, max_commands_per_second: int | None
+                                    ) -> NamespaceProperties:
+        """Limit the engine commands (receives, settlements, peeks...) that
+        every client of the namespace together may send per second; None
+        lifts the limit. Commands over it are answered ``ServerBusy`` and
+        clients try that entity again 10 s later. In effect when this
+        returns (the engine has read it)."""
+        props = NamespaceProperties(self._settings.namespace, positive_or_none(
+            max_commands_per_second, "max_commands_per_second"))
+        self._provision(specs.namespace_topics(self._settings.namespace))
+        self._engine_follows(NAMESPACE_KEY, 1, self._registry.put(props, NAMESPACE_KEY))
+        return props
+
     def _provision(self, topics: list[specs.TopicSpec]) -> None:
         try:
             specs.provision(self._admin, topics, self._settings.profile.replication_factor)
@@ -91,18 +115,19 @@ class ServiceBusAdministrationClient(TopicAdministration):
         the queue follows it: a new policy is in effect when this returns, a
         queue that scans its messages starts at once, a deleted queue's state
         is gone. The engine takes definitions only from that topic, never
-        from a command; if it does not answer now, it reads them on its own."""
+        from a command; if it does not answer now, it reads them on its own.
+        ``name`` may be :data:`NAMESPACE_KEY`: the namespace's settings."""
         link = self._engine()
         try:
             replies = link.call_many([link.command("stats", name, p, hw=0, version=version)
                                       for p in range(partitions)])
         except (OperationTimeoutError, ServiceBusConnectionError) as exc:
-            log.warning("queue %r written, but the engine did not answer (%s); it reads the "
-                        "entities topic on its own", name, exc.message)
+            log.warning("definition of %r written, but the engine did not answer (%s); it "
+                        "reads the entities topic on its own", name, exc.message)
             return
         for reply in replies:
             if not reply.ok:
-                raise ServiceBusError(f"the engine refused to read queue {name!r}: "
+                raise ServiceBusError(f"the engine refused to read the definition of {name!r}: "
                                       f"{reply.error_message}", error_code=reply.error_code)
 
     def get_queue(self, queue_name: str) -> QueueProperties:
@@ -144,23 +169,15 @@ class ServiceBusAdministrationClient(TopicAdministration):
         size in bytes where ``runtime`` has one."""
         link = self._engine()
         ends = log_ends(link, props)
-        for reply in settled_stats(link, props, ends):
-            if not reply.ok:
-                raise ServiceBusError(reply.error_message, error_code=reply.error_code)
-            stats = reply.result
-            runtime.active_message_count += stats["active"]
-            runtime.dead_letter_message_count += stats["dead_letter"]
-            runtime.deferred_message_count += stats["deferred"]
-            runtime.locked_message_count += stats["locked"]
-            runtime.scheduled_message_count += stats.get("scheduled", 0)
-            runtime.transfer_dead_letter_message_count += stats.get("transfer_dead_letter", 0)
+        add_counts(runtime, settled_stats(link, props, ends))
         if isinstance(runtime, QueueRuntimeProperties):
             runtime.size_in_bytes = queue_size_in_bytes(self._settings, link, props, ends,
                                                         runtime.total_message_count)
 
     def _engine(self) -> EngineLink:
         if self._link is None:
-            self._link = EngineLink(self._settings, attempt_timeout=5.0, attempts=3)
+            self._link = EngineLink(self._settings, attempt_timeout=5.0,
+                                    retry=RetryPolicy(total=2, backoff_factor=0.2))
         return self._link
 
     def close(self) -> None:

@@ -4,7 +4,8 @@ The engine tracks offsets, not bytes, so the size is read from the log: the
 offsets still in play come from the engine (a peek of each sub-queue), the
 record sizes from Kafka. Up to ``SAMPLE`` messages per partition are read;
 beyond that the size is extrapolated from their mean, which keeps the call
-bounded on deep queues.
+bounded on deep queues (the send quota, :mod:`settlement._quota`, asks for
+a smaller sample: it measures on the hot path).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from confluent_kafka import Message
 
 from settlement._engine_link import EngineLink
 from settlement._log_reader import PartitionReader
-from settlement._properties import QueueProperties
+from settlement._properties import QueueProperties, QueueRuntimeProperties
+from settlement._settled_stats import add_counts, log_ends, settled_stats
 from settlement._topic_properties import SubscriptionProperties
 from topics import names
 from topics.commands import MAX_ACQUIRE
@@ -26,13 +28,26 @@ _SUB_QUEUES = ("active", "deadletter", "transferdeadletter")
 Receivable = QueueProperties | SubscriptionProperties
 
 
+def entity_size_in_bytes(settings: ConnectionSettings, link: EngineLink, props: Receivable,
+                         *, sample: int = SAMPLE) -> int:
+    """The ``size_in_bytes`` of a queue or a subscription, counts and all."""
+    ends = log_ends(link, props)
+    counts = QueueRuntimeProperties(props.path)
+    add_counts(counts, settled_stats(link, props, ends))
+    return queue_size_in_bytes(settings, link, props, ends, counts.total_message_count,
+                               sample=sample)
+
+
 def queue_size_in_bytes(settings: ConnectionSettings, link: EngineLink, props: Receivable,
-                        ends: dict[int, int], total_messages: int) -> int:
+                        ends: dict[int, int], total_messages: int, *, sample: int = SAMPLE
+                        ) -> int:
+    """The size of the messages still in play, from up to ``sample`` of
+    them per partition (below the log ends ``ends``)."""
     offsets_seen = 0
     sampled_bytes = 0
     topic = names.entity_log(settings.namespace, props.path)
     for partition in range(props.partition_count):
-        offsets = _offsets_in_play(link, props, partition, ends[partition])
+        offsets = _offsets_in_play(link, props, partition, ends[partition], sample)
         if not offsets:
             continue
         reader = PartitionReader(settings, topic, partition)
@@ -49,20 +64,21 @@ def queue_size_in_bytes(settings: ConnectionSettings, link: EngineLink, props: R
     return round(sampled_bytes * max(total_messages, offsets_seen) / offsets_seen)
 
 
-def _offsets_in_play(link: EngineLink, props: Receivable, partition: int, hw: int
-                     ) -> list[int]:
+def _offsets_in_play(link: EngineLink, props: Receivable, partition: int, hw: int,
+                     sample: int) -> list[int]:
     found: list[int] = []
+    page = min(sample, MAX_ACQUIRE)
     for sub in _SUB_QUEUES:
         first = 0
-        while len(found) < SAMPLE:
+        while len(found) < sample:
             reply = link.call(link.command("peek", props.path, partition, sub=sub,
-                                           max=MAX_ACQUIRE, hw=hw, **{"from": first}))
+                                           max=page, hw=hw, **{"from": first}))
             entries = reply.result.get("messages", []) if reply.ok else []
             found += [e[0] for e in entries]
-            if len(entries) < MAX_ACQUIRE:
+            if len(entries) < page:
                 break
             first = entries[-1][0] + 1
-    return sorted(set(found))[:SAMPLE]
+    return sorted(set(found))[:sample]
 
 
 def _size(record: Message) -> int:

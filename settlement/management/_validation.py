@@ -39,11 +39,24 @@ def validated(props: Any) -> Any:
 
 
 def validated_log(props: Any) -> Any:
-    """The settings of a queue's or a topic's log: duplicate window, partitions."""
+    """The settings of a queue's or a topic's log: duplicate window,
+    partitions, size quota."""
     low, high = _DUPLICATE_WINDOW
     if not low <= props.duplicate_detection_history_time_window <= high:
         raise ValueError("duplicate_detection_history_time_window must be between 20 seconds "
                          "and 7 days")
     if not 1 <= props.partition_count <= 64:
         raise ValueError(f"partition_count must be 1..64, got {props.partition_count}")
+    positive_or_none(props.max_size_in_megabytes, "max_size_in_megabytes", optional=False)
     return props
+
+
+def positive_or_none(value: Any, option: str, *, optional: bool = True) -> int | None:
+    """``value`` if it is a whole number of at least 1 (or None where
+    ``optional``); otherwise a ValueError naming ``option``."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{option} must be a whole number of at least 1"
+                         + (" or None (no limit)" if optional else "") + f", got {value!r}")
+    return value
