@@ -4,6 +4,7 @@ Port code from ``azure.servicebus`` by changing the import and the connection
 string (``Endpoint=kafka://HOST:PORT;Namespace=NAME``).
 """
 
+from settlement._retry import RetryMode
 from settlement._session import (
     NEXT_AVAILABLE_SESSION,
     ServiceBusSession,
@@ -13,6 +14,7 @@ from settlement.batch import ServiceBusMessageBatch
 from settlement.client import ServiceBusClient
 from settlement.lock_renewer import AutoLockRenewer
 from settlement.message import ServiceBusMessage, ServiceBusMessageState, ServiceBusReceivedMessage
+from settlement.pairing import SendAvailabilityPairedNamespaceOptions
 from settlement.receiver import (
     ServiceBusReceiveMode,
     ServiceBusReceiver,
@@ -24,6 +26,8 @@ from settlement.sender import ServiceBusSender
 __all__ = [
     "NEXT_AVAILABLE_SESSION",
     "AutoLockRenewer",
+    "RetryMode",
+    "SendAvailabilityPairedNamespaceOptions",
     "ServiceBusClient",
     "ServiceBusMessage",
     "ServiceBusMessageBatch",

@@ -14,6 +14,10 @@ topic's log ``NS.topic.TOPIC`` (the same format for both):
   ``scheduled-enqueue-time-ms`` (decimal epoch milliseconds) and
   ``application-properties`` (a JSON object of str/int/float/bool/null).
 
+A client paired with a secondary namespace adds ``replay-id`` (a random
+hex id per message, kept when the message is moved from a backlog queue),
+which receivers ignore; see :mod:`settlement.pairing`.
+
 The sequence number of a message is ``partition << 40 | offset``: it names
 the record, so a deferred message is fetched by it.
 """
@@ -36,6 +40,7 @@ from settlement.message import (
 MAX_HEADERS_BYTES = 64 * 1024       # all headers and application properties together
 MAX_PROPERTY_BYTES = 32 * 1024      # one application property
 MALFORMED = "MalformedMessage"
+REPLAY_ID = "replay-id"
 HEADER_SIZE_EXCEEDED = "HeaderSizeExceeded"
 _TEXT_HEADERS = ("message-id", "correlation-id", "content-type", "subject", "reply-to",
                  "reply-to-session-id", "to", "session-id", "partition-key")

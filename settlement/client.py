@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
 from settlement._properties import QueueProperties
+from settlement._retry import RetryPolicy, policy_from
 from settlement._session import ServiceBusSessionFilter
 from settlement._session_listing import session_ids
 from settlement._settle_batcher import SettleBatcher
@@ -19,6 +20,9 @@ from topics import names
 from topics.connection import ConnectionSettings, parse_connection_string
 from topics.names import parse_entity_path
 
+if TYPE_CHECKING:
+    from settlement.pairing import Pairing, SendAvailabilityPairedNamespaceOptions
+
 
 class ServiceBusClient:
     """Creates senders and receivers for the queues, topics and
@@ -27,31 +31,49 @@ class ServiceBusClient:
     ``ServiceBusClient.from_connection_string("Endpoint=kafka://HOST:PORT;Namespace=NAME")``
     """
 
-    def __init__(self, settings: ConnectionSettings) -> None:
+    def __init__(self, settings: ConnectionSettings, *, retry: RetryPolicy | None = None,
+                 paired_namespace: SendAvailabilityPairedNamespaceOptions | None = None
+                 ) -> None:
         self.settings = settings
         self.fully_qualified_namespace = settings.namespace
+        self.retry = retry or RetryPolicy()
         self._registry = EntityRegistry(settings)
         self._link: EngineLink | None = None
         self._batcher: SettleBatcher | None = None
         self._handlers: list[ServiceBusSender | ServiceBusReceiver] = []
+        self._pairing: Pairing | None = None
+        if paired_namespace is not None:
+            from settlement.pairing import Pairing  # only paired clients need it
+
+            self._pairing = Pairing(settings, paired_namespace, self.retry)
 
     @classmethod
-    def from_connection_string(cls, conn_str: str, **_: Any) -> ServiceBusClient:
-        return cls(parse_connection_string(conn_str))
+    def from_connection_string(cls, conn_str: str, **kwargs: Any) -> ServiceBusClient:
+        """A client of the namespace the connection string names.
+
+        ``retry_total`` (3), ``retry_backoff_factor`` (0.8 s),
+        ``retry_backoff_max`` (120 s) and ``retry_mode`` (``"exponential"``
+        or ``"fixed"``) set how transient failures are retried, as in the
+        SDK. ``paired_namespace=SendAvailabilityPairedNamespaceOptions(...)``
+        keeps sends going to a secondary namespace while this one is away."""
+        retry = policy_from(kwargs)
+        return cls(parse_connection_string(conn_str), retry=retry,
+                   paired_namespace=kwargs.pop("paired_namespace", None))
 
     def get_queue_sender(self, queue_name: str, *, max_in_flight: int = 10_000,
                          **_: Any) -> ServiceBusSender:
-        sender = ServiceBusSender(self.settings, self._registry, queue_name, self._engine,
-                                  max_in_flight=max_in_flight)
-        self._handlers.append(sender)
-        return sender
+        return self._sender(queue_name, max_in_flight, topic=False)
 
     def get_topic_sender(self, topic_name: str, *, max_in_flight: int = 10_000,
                          **_: Any) -> ServiceBusSender:
         """A sender to ``topic_name``: each message is stored once, in the
         topic's log, and delivered to every subscription whose rules match."""
-        sender = ServiceBusSender(self.settings, self._registry, topic_name, self._engine,
-                                  max_in_flight=max_in_flight, topic=True)
+        return self._sender(topic_name, max_in_flight, topic=True)
+
+    def _sender(self, name: str, max_in_flight: int, *, topic: bool) -> ServiceBusSender:
+        sender = ServiceBusSender(self.settings, self._registry, name, self._engine,
+                                  max_in_flight=max_in_flight, topic=topic, retry=self.retry,
+                                  pairing=self._pairing)
         self._handlers.append(sender)
         return sender
 
@@ -124,7 +146,7 @@ class ServiceBusClient:
 
     def _engine(self) -> EngineLink:
         if self._link is None:
-            self._link = EngineLink(self.settings)
+            self._link = EngineLink(self.settings, retry=self.retry)
         return self._link
 
     def _settle_batcher(self) -> SettleBatcher:
@@ -133,6 +155,8 @@ class ServiceBusClient:
         return self._batcher
 
     def close(self) -> None:
+        if self._pairing is not None:
+            self._pairing.close()
         for handler in self._handlers:
             handler.close()
         self._handlers.clear()

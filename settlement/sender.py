@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -13,6 +14,7 @@ from settlement import _wire
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
 from settlement._properties import QueueProperties
+from settlement._retry import RetryPolicy
 from settlement._sequence import sequence_number, split_sequence_number
 from settlement.batch import ServiceBusMessageBatch
 from settlement.exceptions import (
@@ -20,6 +22,7 @@ from settlement.exceptions import (
     MessageNotFoundError,
     MessageSizeExceededError,
     MessagingEntityNotFoundError,
+    OperationTimeoutError,
     ServiceBusCommunicationError,
     ServiceBusError,
     denied,
@@ -28,9 +31,26 @@ from settlement.message import ServiceBusMessage
 from topics import names
 from topics.connection import ConnectionSettings
 
+if TYPE_CHECKING:
+    from settlement.pairing import Pairing
+
 _RETRYABLE = {KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT,
               KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_LEADER_FOR_PARTITION,
-              KafkaError._TRANSPORT}
+              KafkaError._TRANSPORT,
+              # a paired sender gave up on its producer (the primary stopped answering)
+              KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
+
+
+class Delivery:
+    """Where each record of one send call was placed, across its attempts."""
+
+    def __init__(self, count: int) -> None:
+        self.placed: list[tuple[int, int] | None] = [None] * count
+        self.stamps: list[int] = [0] * count
+
+    def missing(self) -> list[int]:
+        """Indices of the records not acknowledged yet."""
+        return [i for i, p in enumerate(self.placed) if p is None]
 
 
 class ServiceBusSender:
@@ -43,7 +63,8 @@ class ServiceBusSender:
 
     def __init__(self, settings: ConnectionSettings, registry: EntityRegistry,
                  entity_name: str, engine: Callable[[], EngineLink], *,
-                 max_in_flight: int = 10_000, topic: bool = False) -> None:
+                 max_in_flight: int = 10_000, topic: bool = False,
+                 retry: RetryPolicy | None = None, pairing: Pairing | None = None) -> None:
         self.entity_name = entity_name
         self._registry = registry
         self._engine = engine  # only scheduling talks to the engine
@@ -51,11 +72,13 @@ class ServiceBusSender:
         self._kind = "topic" if topic else "queue"
         self._topic = (names.topic_log if topic else names.entity_log)(settings.namespace,
                                                                        entity_name)
-        self._producer = Producer({
-            **settings.kafka_config(), "acks": "all", "enable.idempotence": True,
-            "linger.ms": 2, "partitioner": "murmur2_random", "compression.type": "none",
-            "batch.num.messages": 10_000, "message.max.bytes": 2 * 1024 * 1024,
-        })
+        self._settings = settings
+        self._retry = retry or RetryPolicy()
+        self._pairing = pairing
+        self._producer = self._new_producer()
+        #: partition -> the last offset acknowledged to this sender (where a
+        #: paired namespace's syphon starts looking for late arrivals)
+        self.acked: dict[int, int] = {}
         self._slots = threading.BoundedSemaphore(max_in_flight)
         self.max_in_flight = max_in_flight
         self._in_flight = 0
@@ -77,11 +100,13 @@ class ServiceBusSender:
         return ServiceBusMessageBatch(min(max_size_in_bytes or limit, limit))
 
     def send_messages(self, message: ServiceBusMessage | Iterable[ServiceBusMessage]
-                      | ServiceBusMessageBatch, *, timeout: float | None = 60.0,
+                      | ServiceBusMessageBatch, *, timeout: float | None = None,
                       **_: Any) -> None:
         """Send one message, a list or a batch; return when all are acknowledged.
 
-        Raises the first rejection as a :class:`ServiceBusError` carrying the
+        Transient failures are retried by the client's retry policy;
+        ``timeout`` (seconds) bounds the whole call, retries included. Raises
+        the first rejection as a :class:`ServiceBusError` carrying the
         broker's error code, a tracking id and whether a retry may succeed.
         Messages with a future ``scheduled_enqueue_time_utc`` stay invisible
         until then.
@@ -92,7 +117,7 @@ class ServiceBusSender:
             messages = [message]
         else:
             messages = list(message)
-        self._send(messages)
+        self._send(messages, timeout=timeout, paired=True)
 
     def schedule_messages(self, messages: ServiceBusMessage | Iterable[ServiceBusMessage],
                           schedule_time_utc: dt.datetime, **_: Any) -> list[int]:
@@ -139,8 +164,49 @@ class ServiceBusSender:
         return [sub.path for sub in subs if not scheduling or not sub.policy(
             topic, self._registry.rules_of(self.entity_name, sub.name, fresh=False)).scanned]
 
-    def _send(self, messages: list[ServiceBusMessage]) -> list[tuple[int, int]]:
-        """Produce and wait for every acknowledgement; ``(partition, offset)`` of each."""
+    def _send(self, messages: list[ServiceBusMessage], *, timeout: float | None = None,
+              paired: bool = False) -> list[tuple[int, int]]:
+        """Produce and wait for every acknowledgement; ``(partition, offset)``
+        of each. Transient failures are retried as the client's retry policy
+        says, re-sending only what was not acknowledged; ``timeout`` bounds
+        the whole call. With a paired namespace (``paired``), sends that keep
+        failing go to the backlog instead (:mod:`settlement.pairing`)."""
+        records = self._records(messages)
+        if not records:
+            return []
+        if paired and self._pairing is not None:
+            self._pairing.send(self, messages, records)
+            return []
+        return self._deliver_all(messages, records, timeout)
+
+    def send_with_replay_ids(self, messages: list[ServiceBusMessage], replay_ids: list[str]
+                             ) -> None:
+        """Send as a paired namespace's syphon moves backlog messages: each
+        record keeps the replay id it was first sent with."""
+        records = [(key, value, [*headers, (_wire.REPLAY_ID, rid.encode())])
+                   for (key, value, headers), rid in zip(self._records(messages), replay_ids,
+                                                         strict=True)]
+        self._deliver_all(messages, records, None)
+
+    def _deliver_all(self, messages: list[ServiceBusMessage],
+                     records: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]],
+                     timeout: float | None) -> list[tuple[int, int]]:
+        delivery = Delivery(len(records))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._retry.call(lambda: self.deliver(records, delivery, deadline),
+                         f"sending to {self._kind} {self.entity_name!r}", deadline=deadline)
+        return self.announce_sent(messages, delivery)
+
+    def announce_sent(self, messages: list[ServiceBusMessage], delivery: Delivery
+                      ) -> list[tuple[int, int]]:
+        """Tell the engine of what was just sent; ``(partition, offset)`` of each."""
+        placed = [p for p in delivery.placed if p is not None]
+        self._announce(messages, placed, delivery.stamps)
+        return placed
+
+    def _records(self, messages: list[ServiceBusMessage]
+                 ) -> list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]]:
+        """The records of ``messages``, once they pass the entity's checks."""
         if not all(isinstance(m, ServiceBusMessage) for m in messages):
             raise TypeError("send_messages takes ServiceBusMessage objects or a batch")
         try:
@@ -162,13 +228,18 @@ class ServiceBusSender:
                     f"message {m.message_id or ''} is {size} bytes; {self._kind} "
                     f"{self.entity_name!r} accepts at most {limit}: split the payload or "
                     "raise max_message_size_in_kilobytes")
-        if not records:
-            return []
+        return records
+
+    def deliver(self, records: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]],
+                delivery: Delivery, deadline: float | None) -> None:
+        """One attempt: produce the records ``delivery`` has not placed yet
+        and wait for their acknowledgements until ``deadline``. Raises the
+        first refusal, or OperationTimeoutError at the deadline (what was not
+        acknowledged may still arrive: the broker may have it)."""
+        todo = delivery.missing()
         done = threading.Event()
         errors: list[KafkaError] = []
-        placed: list[tuple[int, int]] = [(0, 0)] * len(records)
-        stamps: list[int] = [0] * len(records)
-        remaining = [len(records)]
+        remaining = [len(todo)]
         lock = threading.Lock()
 
         def delivered_to(index: int) -> Callable[[KafkaError | None, Message], None]:
@@ -178,22 +249,27 @@ class ServiceBusSender:
                     if err is not None:
                         errors.append(err)
                     else:
-                        placed[index] = (msg.partition(), msg.offset())
-                        stamps[index] = msg.timestamp()[1]
+                        delivery.placed[index] = (msg.partition(), msg.offset())
+                        delivery.stamps[index] = msg.timestamp()[1]
+                        self.acked[msg.partition()] = msg.offset()
                     remaining[0] -= 1
                     if remaining[0] == 0:
                         done.set()
             return delivered
 
-        for index, (key, value, headers) in enumerate(records):
-            self._acquire_slot()
-            self._produce(key, value, headers, delivered_to(index))
+        producer = self._producer
+        for index in todo:
+            self._acquire_slot(producer, deadline)
+            self._produce(producer, *records[index], delivered_to(index))
         while not done.wait(0.001):
-            self._producer.poll(0.05)
+            producer.poll(0.05)
+            if deadline is not None and time.monotonic() > deadline:
+                raise OperationTimeoutError(
+                    f"{remaining[0]} of {len(todo)} message(s) to {self._kind} "
+                    f"{self.entity_name!r} were not acknowledged in time; the broker may "
+                    "still store them")
         if errors:
             raise _send_error(self._kind, self.entity_name, errors[0])
-        self._announce(messages, placed, stamps)
-        return placed
 
     def _announce(self, messages: list[ServiceBusMessage], placed: list[tuple[int, int]],
                   stamps: list[int]) -> None:
@@ -216,22 +292,26 @@ class ServiceBusSender:
                         for entity in self._windows(scheduling=True)
                         for p, items in sorted(by_partition.items())])
 
-    def _produce(self, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]],
-                 callback: Any) -> None:
+    def _produce(self, producer: Producer, key: bytes | None, value: bytes,
+                 headers: list[tuple[str, bytes]], callback: Any) -> None:
         while True:
             try:
-                self._producer.produce(self._topic, value, key=key, headers=headers,
-                                       on_delivery=callback)
+                producer.produce(self._topic, value, key=key, headers=headers,
+                                 on_delivery=callback)
                 return
             except BufferError:
-                self._producer.poll(0.05)
+                producer.poll(0.05)
             except KafkaException as exc:
                 self._release()
                 raise _send_error(self._kind, self.entity_name, exc.args[0]) from None
 
-    def _acquire_slot(self) -> None:
+    def _acquire_slot(self, producer: Producer, deadline: float | None) -> None:
         while not self._slots.acquire(timeout=0.05):
-            self._producer.poll(0)
+            producer.poll(0)
+            if deadline is not None and time.monotonic() > deadline:
+                raise OperationTimeoutError(
+                    f"{self.max_in_flight} earlier message(s) to {self._kind} "
+                    f"{self.entity_name!r} are still unacknowledged")
         with self._count_lock:
             self._in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
@@ -240,6 +320,32 @@ class ServiceBusSender:
         with self._count_lock:
             self._in_flight -= 1
         self._slots.release()
+
+    def _new_producer(self) -> Producer:
+        return Producer({
+            **self._settings.kafka_config(), "acks": "all", "enable.idempotence": True,
+            "linger.ms": 2, "partitioner": "murmur2_random", "compression.type": "none",
+            "batch.num.messages": 10_000, "message.max.bytes": 2 * 1024 * 1024,
+        })
+
+    def abandon_producer(self) -> None:
+        """Give up on what the producer still holds (the broker stopped
+        answering) and start a fresh one. What was on its way may still
+        reach the broker; the paired namespace's syphon allows for that."""
+        old, self._producer = self._producer, self._new_producer()
+        old.purge(in_queue=True, in_flight=True, blocking=False)
+        threading.Thread(target=old.flush, args=(5,), name="abandoned-producer",
+                         daemon=True).start()
+
+    @property
+    def log_topic(self) -> str:
+        """The Kafka topic this sender writes."""
+        return self._topic
+
+    @property
+    def kind(self) -> str:
+        """``queue`` or ``topic``."""
+        return self._kind
 
     def close(self) -> None:
         self._producer.flush(30)

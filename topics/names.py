@@ -10,6 +10,8 @@ A namespace prefixes every topic so several namespaces share one cluster:
 ``NS.__events``                append-only settlement events (for Spark)
 ``NS.__state``                 compacted: each in-flight window's summary (for Spark)
 ``NS.__entities``              compacted: entity definitions (queue properties)
+``NS.__pairing``               compacted: where paired clients of other namespaces
+                               send (on a secondary namespace)
 =============================  =============================================
 
 A subscription ``TOPIC/subscriptions/SUB`` has no log of its own: it is a
@@ -115,6 +117,7 @@ replies = _namespace_topic("replies")
 events = _namespace_topic("events")
 state = _namespace_topic("state")
 entities = _namespace_topic("entities")
+pairing = _namespace_topic("pairing")
 
 
 def engine_app_id(namespace: str) -> str:
