@@ -74,18 +74,21 @@ class QuotaGuard:
             estimate > NEAR * quota and time.monotonic() - measured_at > STALE_S)
 
     def _measure(self) -> None:
-        """The entity's size and quota now (the quota re-read, so that
-        update_queue and update_topic take effect)."""
+        """The entity's size and quota now. The quota is read again from the
+        entities topic (so that update_queue and update_topic take effect),
+        except on the first send: the sender has just read it."""
         link = self._engine()
+        fresh = self._measured_at is not None
         if self._kind == "queue":
-            props = self._registry.get(self._name, fresh=True)
+            props = self._registry.get(self._name, fresh=fresh)
             self._quota_mb = props.max_size_in_megabytes
             size = entity_size_in_bytes(self._settings, link, props, sample=SAMPLE)
         else:
-            self._quota_mb = self._registry.get_topic(self._name, fresh=True
+            self._quota_mb = self._registry.get_topic(self._name, fresh=fresh
                                                       ).max_size_in_megabytes
             size = max((entity_size_in_bytes(self._settings, link, sub, sample=SAMPLE)
-                        for sub in self._registry.subscriptions_of(self._name)), default=0)
+                        for sub in self._registry.subscriptions_of(self._name, fresh=fresh)),
+                       default=0)
         self._measured, self._measured_at, self._sent = size, time.monotonic(), 0
 
     def _exceeded(self, size: int, nbytes: int) -> ServiceBusQuotaExceededError:

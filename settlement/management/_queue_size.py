@@ -43,6 +43,8 @@ def queue_size_in_bytes(settings: ConnectionSettings, link: EngineLink, props: R
                         ) -> int:
     """The size of the messages still in play, from up to ``sample`` of
     them per partition (below the log ends ``ends``)."""
+    if total_messages == 0:  # nothing in play: no peek needed
+        return 0
     offsets_seen = 0
     sampled_bytes = 0
     topic = names.entity_log(settings.namespace, props.path)
