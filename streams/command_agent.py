@@ -144,9 +144,9 @@ def _admitted(cmd: Command) -> bool:
                     "commands per second: wait 10 seconds and try again (clients do this on "
                     "their own)")
     if refused := _throttle.refused_to_report(now):
-        log.warning("answered %d commands ServerBusy since the last report: namespace %r is "
-                    "over its limit of %s commands per second", refused, settings.namespace,
-                    limit)
+        log.warning("answered ServerBusy to %d command(s) since the last report: namespace "
+                    "%r is over its limit of %s commands per second", refused,
+                    settings.namespace, limit)
     return False
 
 
