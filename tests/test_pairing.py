@@ -10,6 +10,7 @@ moves the backlog there; every message is received once, from the primary.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import signal
 import threading
@@ -50,7 +51,7 @@ class Primary:
     @property
     def pid(self) -> int:
         if isinstance(self.broker, KafkaCluster):
-            return self.broker.node(0).pid
+            return self.broker.nodes[0].pid
         return self.broker.pid
 
     def pause(self) -> None:
@@ -88,6 +89,7 @@ def _send_all(client: ServiceBusClient, queue: str, pauses: list[float],
                 pauses.append(time.monotonic() - started)
                 time.sleep(SPACING_S)  # so the sending outlasts the pause
     except BaseException as exc:  # reported by the test
+        logging.getLogger(__name__).exception("the sender failed")
         errors.append(exc)
 
 
