@@ -14,6 +14,7 @@ from settlement import _wire
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
 from settlement._properties import QueueProperties
+from settlement._quota import QuotaGuard
 from settlement._retry import RetryPolicy
 from settlement._sequence import sequence_number, split_sequence_number
 from settlement.batch import ServiceBusMessageBatch
@@ -76,6 +77,7 @@ class ServiceBusSender:
         self._retry = retry or RetryPolicy()
         self._pairing = pairing
         self._producer = self._new_producer()
+        self._quota = QuotaGuard(settings, registry, engine, entity_name, topic=topic)
         #: partition -> the last offset acknowledged to this sender (where a
         #: paired namespace's syphon starts looking for late arrivals)
         self.acked: dict[int, int] = {}
@@ -221,6 +223,7 @@ class ServiceBusSender:
                         f"queue {self.entity_name!r} requires sessions: set session_id on "
                         f"message {m.message_id or ''} (ServiceBusMessage(..., session_id=...))")
         records = [_wire.encode(m) for m in messages]
+        total = 0
         for m, (key, value, headers) in zip(messages, records, strict=True):
             size = len(key or b"") + len(value) + sum(len(k) + len(v) for k, v in headers)
             if size > limit:
@@ -228,6 +231,9 @@ class ServiceBusSender:
                     f"message {m.message_id or ''} is {size} bytes; {self._kind} "
                     f"{self.entity_name!r} accepts at most {limit}: split the payload or "
                     "raise max_message_size_in_kilobytes")
+            total += size
+        if records:
+            self._quota.check(total)
         return records
 
     def deliver(self, records: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]],
