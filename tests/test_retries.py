@@ -1,0 +1,100 @@
+"""Client retries: the policy's waits, and its count and spacing measured on
+a real broker, from the commands a client sent to a namespace whose engine
+does not answer (each retry re-sends the command under its id)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from settlement import ServiceBusClient
+from settlement._engine_link import EngineLink
+from settlement._retry import SERVER_BUSY_WAIT_S, RetryMode, RetryPolicy
+from settlement.exceptions import (
+    MessagingEntityNotFoundError,
+    OperationTimeoutError,
+    ServiceBusServerBusyError,
+)
+from tests.helpers import Broker
+from topics import names, specs
+from topics.commands import decode_command
+from topics.connection import parse_connection_string
+
+ATTEMPT_S = 1.0
+
+
+def test_fixed_and_exponential_waits_with_jitter_and_a_cap() -> None:
+    fixed = RetryPolicy.from_options(retry_backoff_factor=0.5, retry_mode="fixed")
+    exponential = RetryPolicy.from_options(retry_backoff_factor=0.5, retry_backoff_max=3)
+    for retried in range(5):
+        assert 0.4 <= fixed.backoff(retried) <= 0.6
+        assert exponential.backoff(retried) <= 3
+    assert 0.8 <= exponential.backoff(1) <= 1.2
+    assert exponential.mode is RetryMode.EXPONENTIAL
+    assert len({round(fixed.backoff(0), 6) for _ in range(20)}) > 1, "no jitter"
+    busy = ServiceBusServerBusyError("busy")
+    assert fixed.backoff(0, busy) >= SERVER_BUSY_WAIT_S
+
+
+@pytest.mark.parametrize("option", [{"retry_total": -1}, {"retry_backoff_factor": "1"},
+                                    {"retry_mode": "linear"}])
+def test_bad_retry_options_are_refused_by_name(conn: str, option: dict) -> None:
+    with pytest.raises(ValueError, match=next(iter(option))):
+        ServiceBusClient.from_connection_string(conn, **option)
+
+
+def test_errors_that_are_not_transient_raise_at_once(conn: str) -> None:
+    started = time.monotonic()
+    with ServiceBusClient.from_connection_string(conn, retry_total=5) as client, \
+            pytest.raises(MessagingEntityNotFoundError) as raised:
+        client.get_queue_receiver(f"missing-{uuid.uuid4().hex[:6]}")
+    assert raised.value.retryable is False
+    assert time.monotonic() - started < 5
+
+
+def _commands_of(broker: Broker, namespace: str, command_id: str) -> list[float]:
+    """When each copy of command ``command_id`` reached the commands topic (s)."""
+    conn = parse_connection_string(broker.connection_string(namespace))
+    consumer = Consumer(conn.consumer_config("retries-test"))
+    topic = names.commands(namespace)
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(specs.ENGINE_PARTITIONS)])
+    found: list[float] = []
+    deadline = time.monotonic() + 10
+    try:
+        while time.monotonic() < deadline:
+            for record in consumer.consume(500, timeout=0.5):
+                if not record.error() and decode_command(record.value()).id == command_id:
+                    found.append(record.timestamp()[1] / 1000)
+    finally:
+        consumer.close()
+    return sorted(found)
+
+
+@pytest.mark.parametrize(("mode", "factor", "expected_waits"), [
+    ("fixed", 0.5, [0.5, 0.5, 0.5]), ("exponential", 0.3, [0.3, 0.6, 1.2])])
+def test_an_engine_that_does_not_answer_is_retried_as_the_policy_says(
+        broker: Broker, mode: str, factor: float, expected_waits: list[float]) -> None:
+    namespace = f"r{uuid.uuid4().hex[:8]}"  # provisioned, but no engine runs for it
+    settings = parse_connection_string(broker.connection_string(namespace))
+    specs.provision(AdminClient(settings.kafka_config()), specs.namespace_topics(namespace),
+                    settings.profile.replication_factor)
+    policy = RetryPolicy.from_options(retry_total=len(expected_waits),
+                                      retry_backoff_factor=factor, retry_mode=mode)
+    link = EngineLink(settings, attempt_timeout=ATTEMPT_S, retry=policy)
+    command = link.command("stats", "nowhere", 0, hw=0, version=-1)
+    try:
+        with pytest.raises(OperationTimeoutError) as raised:
+            link.call(command)
+    finally:
+        link.close()
+    assert raised.value.retryable is True
+    sent = _commands_of(broker, namespace, command.id)
+    assert len(sent) == len(expected_waits) + 1, sent  # the first attempt and each retry
+    for gap, wait in zip((b - a for a, b in zip(sent, sent[1:], strict=False)),
+                         expected_waits, strict=True):
+        # each attempt waits ATTEMPT_S for an answer, then the policy's wait (+-20 %)
+        assert ATTEMPT_S + 0.8 * wait - 0.15 <= gap <= ATTEMPT_S + 1.2 * wait + 0.5, sent
