@@ -198,6 +198,18 @@ def _peek_until_busy(receiver: ServiceBusReceiver, calls: list[float]) -> None:
             return
 
 
+def _wait_until_calls_stop(calls: list[float]) -> None:
+    """Until the bucket's 2 calls came back and no other has for 0.5 s (a
+    call takes milliseconds)."""
+    seen, quiet_since = -1, time.monotonic()
+    deadline = quiet_since + 8
+    while (len(calls) < 2 or time.monotonic() - quiet_since < 0.5) \
+            and time.monotonic() < deadline:
+        if len(calls) != seen:
+            seen, quiet_since = len(calls), time.monotonic()
+        time.sleep(0.05)
+
+
 def test_over_the_namespace_limit_an_entity_waits_10_s_and_others_go_on(
         admin: ServiceBusAdministrationClient, conn: str, make_queue: Callable[..., str],
         queue_name: str) -> None:
@@ -213,7 +225,8 @@ def test_over_the_namespace_limit_an_entity_waits_10_s_and_others_go_on(
             calls: list[float] = []
             waiter = threading.Thread(target=_peek_until_busy, args=(busy, calls))
             waiter.start()
-            time.sleep(1.5)  # the burst is spent and the busy queue waits: tokens refill
+            _wait_until_calls_stop(calls)  # the burst is spent: the busy queue waits
+            time.sleep(1.0)  # the namespace's tokens refill meanwhile (2 per second)
             assert waiter.is_alive(), calls
             started = time.monotonic()
             other.peek_messages(1, sequence_number=0)
