@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
-import signal
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -27,11 +23,10 @@ from settlement import (
     ServiceBusMessage,
 )
 from settlement.apache_kafka import KafkaCluster
-from settlement.embedded import EmbeddedBroker
 from settlement.management import ServiceBusAdministrationClient
 from settlement.pairing import backlog_queue_names, read_status
-from streams.process import EngineProcess
-from tests.helpers import TEST_BROKER, Broker
+from tests.helpers import TEST_BROKER
+from tests.pairing_helpers import Primary, running_primary
 from topics.connection import parse_connection_string
 
 TOTAL = 10_000
@@ -41,36 +36,10 @@ FAILOVER = dt.timedelta(seconds=2)
 SPACING_S = 0.06
 
 
-class Primary:
-    """A broker of the session's kind with an engine, that a test may pause."""
-
-    def __init__(self, broker: Broker, engine: EngineProcess) -> None:
-        self.broker, self.engine = broker, engine
-        self.conn = engine.connection_string
-
-    @property
-    def pid(self) -> int:
-        if isinstance(self.broker, KafkaCluster):
-            return self.broker.nodes[0].pid
-        return self.broker.pid
-
-    def pause(self) -> None:
-        os.kill(self.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        os.kill(self.pid, signal.SIGCONT)
-
-
 @pytest.fixture(scope="module")
 def primary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Primary]:
-    broker: Broker = KafkaCluster() if TEST_BROKER == "kafka" else EmbeddedBroker()
-    with broker:
-        engine = EngineProcess(broker.connection_string(f"p{uuid.uuid4().hex[:8]}"),
-                               Path(tmp_path_factory.mktemp("primary-engine"))).start()
-        try:
-            yield Primary(broker, engine)
-        finally:
-            engine.stop()
+    with running_primary(tmp_path_factory.mktemp("primary-engine")) as started:
+        yield started
 
 
 def _send_all(client: ServiceBusClient, queue: str, pauses: list[float],
@@ -144,3 +113,63 @@ def test_sends_carry_on_while_the_primary_is_paused_and_the_syphon_moves_them_ba
                    for q in backlog_queue_names(parse_connection_string(primary.conn).namespace,
                                                 3))
     assert left == 0
+
+
+@pytest.mark.skipif(TEST_BROKER != "kafka", reason="a killed embedded broker (Tansu) comes "
+                    "back empty: it keeps its log in memory")
+def test_a_killed_primary_comes_back_and_a_receive_loop_outlives_it(
+        primary: Primary, conn: str, queue_name: str) -> None:
+    """kill -9 of the primary's node while a sender sends TOTAL messages and
+    a receive loop of a syphon client runs: the loop carries on once the
+    node restarts on its data, and receives each message once."""
+    assert isinstance(primary.broker, KafkaCluster)
+    node = primary.broker.nodes[0].node_id
+    with ServiceBusAdministrationClient.from_connection_string(primary.conn) as admin:
+        admin.create_queue(queue_name)
+    seen: dict[str, int] = {}
+    loop_errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def receive_loop(client: ServiceBusClient) -> None:
+        try:
+            with client.get_queue_receiver(queue_name) as receiver:
+                while not stop.is_set():
+                    batch = receiver.receive_messages(500, max_wait_time=1)
+                    for message in batch:
+                        seen[str(message.message_id)] = seen.get(str(message.message_id), 0) + 1
+                    receiver.complete_messages(batch)
+        except BaseException as exc:  # reported by the test
+            logging.getLogger(__name__).exception("the receive loop failed")
+            loop_errors.append(exc)
+
+    receiving = SendAvailabilityPairedNamespaceOptions(conn, backlog_queue_count=3,
+                                                       enable_syphon=True)
+    sending = SendAvailabilityPairedNamespaceOptions(conn, backlog_queue_count=3,
+                                                     failover_interval=FAILOVER)
+    with ServiceBusClient.from_connection_string(primary.conn,
+                                                 paired_namespace=receiving) as receiver_client, \
+            ServiceBusClient.from_connection_string(primary.conn,
+                                                    paired_namespace=sending) as sender_client:
+        loop = threading.Thread(target=receive_loop, args=(receiver_client,))
+        loop.start()
+        try:
+            with sender_client.get_queue_sender(queue_name) as sender:
+                for first in range(0, TOTAL, BATCH):
+                    if first == TOTAL // 3 // BATCH * BATCH:
+                        primary.broker.kill_node(node)
+                        threading.Timer(PAUSE_S, primary.broker.start_node, (node, False)).start()
+                    sender.send_messages([ServiceBusMessage(f"k{i}", message_id=f"k{i}")
+                                          for i in range(first, first + BATCH)])
+                    time.sleep(SPACING_S)
+            route = sender_client._pairing.route("queue", queue_name)  # noqa: SLF001
+            assert route.failovers >= 1 and route.sent_to_backlog > 0, route
+            deadline = time.monotonic() + 180
+            while len(seen) < TOTAL and time.monotonic() < deadline and loop.is_alive():
+                time.sleep(1)
+            time.sleep(3)  # a second copy would arrive now
+        finally:
+            stop.set()
+            loop.join(timeout=60)
+    assert not loop_errors, loop_errors
+    assert len(seen) == TOTAL, f"{TOTAL - len(seen)} messages never arrived"
+    assert not [m for m, n in seen.items() if n > 1], "received more than once"

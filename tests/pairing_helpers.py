@@ -1,0 +1,50 @@
+"""A primary namespace for the pairing tests: a broker of the session's kind
+with its own engine, that a test may pause (SIGSTOP) and resume; the
+session's broker and engine (the ``conn`` fixture) are the secondary."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from settlement.apache_kafka import KafkaCluster
+from settlement.embedded import EmbeddedBroker
+from streams.process import EngineProcess
+from tests.helpers import TEST_BROKER, Broker
+
+
+class Primary:
+    """A broker of the session's kind with an engine, that a test may pause."""
+
+    def __init__(self, broker: Broker, engine: EngineProcess) -> None:
+        self.broker, self.engine = broker, engine
+        self.conn = engine.connection_string
+
+    @property
+    def pid(self) -> int:
+        if isinstance(self.broker, KafkaCluster):
+            return self.broker.nodes[0].pid
+        return self.broker.pid
+
+    def pause(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+
+@contextmanager
+def running_primary(workdir: Path) -> Iterator[Primary]:
+    """Start a broker and an engine (its data in ``workdir``); stop both after."""
+    broker: Broker = KafkaCluster() if TEST_BROKER == "kafka" else EmbeddedBroker()
+    with broker:
+        engine = EngineProcess(broker.connection_string(f"p{uuid.uuid4().hex[:8]}"),
+                               workdir).start()
+        try:
+            yield Primary(broker, engine)
+        finally:
+            engine.stop()
