@@ -57,6 +57,9 @@ deletion from the entities topic, never on a client's word.
 
 A reply is ``{"v": 1, "id": ..., "client": ..., "ok": true, "result": {...}}``
 or ``{"v": 1, "id": ..., "client": ..., "ok": false, "error": {"code", "message"}}``.
+The code ``ServerBusy`` answers a command over the namespace's limit of
+commands per second before the engine ran it: the same command may be sent
+again (clients wait 10 s first).
 """
 
 from __future__ import annotations
