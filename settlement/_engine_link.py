@@ -16,7 +16,7 @@ import uuid
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from settlement._retry import SERVER_BUSY_WAIT_S, RetryPolicy
 from settlement.exceptions import (
@@ -45,6 +45,9 @@ from topics.offsets import take
 log = logging.getLogger(__name__)
 
 
+#: errors of a partition whose leader is not in place yet
+_NOT_READY = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                        KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT})
 #: the engine's answer to a command over the namespace's limit
 SERVER_BUSY = "ServerBusy"
 #: the engine's error codes that have their own exception
@@ -91,7 +94,7 @@ class EngineLink:
         tp = TopicPartition(reply_topic, self.reply_partition)
         # ListOffsets may answer below the true end (Tansu); reading a few old
         # answers is harmless, they carry other client ids.
-        end = self._consumer.get_watermark_offsets(tp, timeout=10)[1]
+        end = self._reply_end(tp)
         self._consumer.assign([TopicPartition(reply_topic, self.reply_partition, end)])
         self._waiting: dict[str, Future[Reply]] = {}
         self._lock = threading.Lock()
@@ -99,6 +102,18 @@ class EngineLink:
         self._thread = threading.Thread(target=self._read_replies, name="engine-replies",
                                         daemon=True)
         self._thread.start()
+
+    def _reply_end(self, tp: TopicPartition) -> int:
+        """The end of this client's reply partition. A namespace created a
+        moment ago may not have its leaders in place yet: that is retried."""
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                return self._consumer.get_watermark_offsets(tp, timeout=10)[1]
+            except KafkaException as exc:
+                if exc.args[0].code() not in _NOT_READY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def command(self, op: str, entity: str, partition: int, **args: object) -> Command:
         """A command for the window ``entity#partition``."""
