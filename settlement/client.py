@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
 from settlement._properties import QueueProperties
+from settlement._quota import QuotaGuard
 from settlement._retry import RetryPolicy, policy_from
 from settlement._session import ServiceBusSessionFilter
 from settlement._session_listing import session_ids
@@ -42,6 +43,8 @@ class ServiceBusClient:
         self._batcher: SettleBatcher | None = None
         self._handlers: list[ServiceBusSender | ServiceBusReceiver] = []
         self._pairing: Pairing | None = None
+        #: one quota guard per entity, so a new sender does not measure again
+        self._quotas: dict[tuple[str, bool], QuotaGuard] = {}
         if paired_namespace is not None:
             from settlement.pairing import Pairing  # only paired clients need it
 
@@ -71,9 +74,11 @@ class ServiceBusClient:
         return self._sender(topic_name, max_in_flight, topic=True)
 
     def _sender(self, name: str, max_in_flight: int, *, topic: bool) -> ServiceBusSender:
+        quota = self._quotas.setdefault((name, topic), QuotaGuard(
+            self.settings, self._registry, self._engine, name, topic=topic))
         sender = ServiceBusSender(self.settings, self._registry, name, self._engine,
                                   max_in_flight=max_in_flight, topic=topic, retry=self.retry,
-                                  pairing=self._pairing)
+                                  pairing=self._pairing, quota=quota)
         self._handlers.append(sender)
         return sender
 

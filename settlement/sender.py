@@ -65,7 +65,8 @@ class ServiceBusSender:
     def __init__(self, settings: ConnectionSettings, registry: EntityRegistry,
                  entity_name: str, engine: Callable[[], EngineLink], *,
                  max_in_flight: int = 10_000, topic: bool = False,
-                 retry: RetryPolicy | None = None, pairing: Pairing | None = None) -> None:
+                 retry: RetryPolicy | None = None, pairing: Pairing | None = None,
+                 quota: QuotaGuard | None = None) -> None:
         self.entity_name = entity_name
         self._registry = registry
         self._engine = engine  # only scheduling talks to the engine
@@ -77,7 +78,7 @@ class ServiceBusSender:
         self._retry = retry or RetryPolicy()
         self._pairing = pairing
         self._producer = self._new_producer()
-        self._quota = QuotaGuard(settings, registry, engine, entity_name, topic=topic)
+        self._quota = quota or QuotaGuard(settings, registry, engine, entity_name, topic=topic)
         #: partition -> the last offset acknowledged to this sender (where a
         #: paired namespace's syphon starts looking for late arrivals)
         self.acked: dict[int, int] = {}
