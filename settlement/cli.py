@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dlq_commands(commands, common)
     _add_acl(commands, common)
     spark_cli.add_commands(commands, common, _connection_string)
+    from settlement import pair_cli  # builds on this module's helpers, as admin_cli does
+
+    pair_cli.add_commands(commands, common, _connection_string)
     return parser
 
 
