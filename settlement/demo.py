@@ -15,8 +15,15 @@ received and the runtime counts. Last, Spark: the
 monitoring job turns the engine's events into metrics, the audit checks that
 no message was lost, stuck or settled twice, and the dashboard page is
 written to ``demo-output/dashboard.html`` (with a screenshot where Chromium
-is installed). It shuts everything down and exits 0 -- or 1, saying which
-expectation failed.
+is installed). Last, because it pauses the demo's broker, paired namespaces:
+a second embedded broker with its own engine is the secondary namespace of
+``demo``; a sender paired with it sends to queue ``payments`` while the demo
+pauses its own broker (SIGSTOP) for a few seconds, so the sends carry on into
+backlog queues of the secondary (messages per second logged, with the
+failover and the switch back); ``settlement pair status`` shows what the
+sender reported and what waits in the backlog, and a receiver with
+``enable_syphon=True`` receives every message once, from the primary. It
+shuts everything down and exits 0 -- or 1, saying which expectation failed.
 
 Run it with ``python -m settlement.demo``.
 """
@@ -25,19 +32,26 @@ from __future__ import annotations
 
 import datetime as dt
 import gc
+import io
 import json
 import logging
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from contextlib import suppress
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from settlement import (
     NEXT_AVAILABLE_SESSION,
+    SendAvailabilityPairedNamespaceOptions,
     ServiceBusClient,
     ServiceBusMessage,
     ServiceBusMessageState,
@@ -59,7 +73,10 @@ from settlement.management import (
     SqlRuleAction,
     SqlRuleFilter,
 )
+from settlement.pair_cli import print_status
+from settlement.pairing import backlog_queue_names, read_status
 from streams.process import EngineProcess
+from topics.connection import parse_connection_string
 
 log = logging.getLogger("settlement.demo")
 
@@ -93,6 +110,20 @@ MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 OUTPUT_DIR = Path("demo-output")
 DEAD_LETTER_REASON = "InvalidOrder"
 DEAD_LETTER_DESCRIPTION = "quantity must be positive, got -2"
+#: Paired namespaces (last: the demo's broker is the primary, and is paused):
+#: a queue of the demo namespace, and the secondary on a second broker.
+PAIRED_QUEUE = "payments"
+SECONDARY_NAMESPACE = "demo-secondary"
+BACKLOG_QUEUES = 2
+FAILOVER = dt.timedelta(seconds=1)
+#: The sender sends PAIRED_BATCH messages every PAIRED_SPACING_S s; the
+#: primary is paused PAUSE_AT_S s after it starts, for PAUSE_S s, and the
+#: sender carries on AFTER_PAUSE_S s after that (the probe sees it back).
+PAIRED_BATCH = 20
+PAIRED_SPACING_S = 0.05
+PAUSE_AT_S = 2.0
+PAUSE_S = 5.0
+AFTER_PAUSE_S = 4.0
 
 
 class DemoFailure(Exception):
@@ -114,6 +145,36 @@ class SubscriptionOutcome:
     name: str
     rule: str
     received: list[ServiceBusReceivedMessage]
+
+
+@dataclass
+class PairedSends:
+    """What the paired sender did: a first batch, then each batch's (start,
+    end, message ids) in seconds since that one, and when the primary was
+    paused and resumed."""
+
+    first: list[str] = field(default_factory=list)
+    batches: list[tuple[float, float, list[str]]] = field(default_factory=list)
+    paused_at: float = 0.0
+    resumed_at: float = 0.0
+
+    def phases(self) -> list[tuple[str, float, float]]:
+        end = self.batches[-1][1] if self.batches else self.resumed_at
+        return [("before the pause", 0.0, self.paused_at),
+                ("primary paused", self.paused_at, self.resumed_at),
+                ("after the pause", self.resumed_at, end)]
+
+    def ids(self) -> list[str]:
+        return self.first + [i for _, _, ids in self.batches for i in ids]
+
+    def next_batch(self) -> list[ServiceBusMessage]:
+        first = len(self.ids())
+        return [ServiceBusMessage(f"payment {i}", message_id=f"payment-{i}")
+                for i in range(first, first + PAIRED_BATCH)]
+
+    def in_phase(self, start: float, end: float) -> list[tuple[float, float, list[str]]]:
+        """The batches acknowledged between ``start`` and ``end``."""
+        return [b for b in self.batches if start <= b[1] < end]
 
 
 class Demo:
@@ -402,6 +463,130 @@ class Demo:
         listed = sorted(self.client.list_queue_sessions(SESSION_QUEUE))
         self.expect(listed == sorted(CARTS), f"list_queue_sessions gave {listed}")
 
+    def path_paired_sends(self, secondary: str, primary_pid: int) -> PairedSends:
+        """A sender paired with ``secondary`` sends to PAIRED_QUEUE while the
+        primary's broker (``primary_pid``, this demo's) is paused for PAUSE_S s:
+        the sends carry on into the backlog, then go to the primary again."""
+        log.info("[paired sends] %r: a sender paired with namespace %r (failover after %g s) "
+                 "sends %d messages every %g s; the primary's broker is paused after %g s, "
+                 "for %g s", PAIRED_QUEUE, SECONDARY_NAMESPACE, FAILOVER.total_seconds(),
+                 PAIRED_BATCH, PAIRED_SPACING_S, PAUSE_AT_S, PAUSE_S)
+        self.admin.create_queue(PAIRED_QUEUE)
+        options = SendAvailabilityPairedNamespaceOptions(
+            secondary, backlog_queue_count=BACKLOG_QUEUES, failover_interval=FAILOVER)
+        sends = PairedSends()
+        paused = threading.Event()
+        started = 0.0
+
+        def resume() -> None:
+            log.info("  primary broker resumed (SIGCONT) after %g s", PAUSE_S)
+            sends.resumed_at = time.monotonic() - started
+            os.kill(primary_pid, signal.SIGCONT)
+            paused.clear()
+
+        timer = threading.Timer(PAUSE_S, resume)
+        try:
+            with ServiceBusClient(self.client.settings, paired_namespace=options) as client, \
+                    client.get_queue_sender(PAIRED_QUEUE) as sender:
+                log.info("  %d backlog queues on %r (%d found, %d created)",
+                         options.backlog_queue_count, SECONDARY_NAMESPACE,
+                         options.backlog_queues_found, options.backlog_queues_created)
+                # a sender's first send sets up its producer (about 1 s on Tansu)
+                first = sends.next_batch()
+                sender.send_messages(first)
+                sends.first = [str(m.message_id) for m in first]
+                rate = SecondByRate()
+                started = time.monotonic()
+                while (now := time.monotonic() - started) < PAUSE_AT_S + PAUSE_S + AFTER_PAUSE_S:
+                    if now >= PAUSE_AT_S and not sends.paused_at:
+                        os.kill(primary_pid, signal.SIGSTOP)
+                        sends.paused_at = now
+                        paused.set()
+                        timer.start()
+                        rate.add(now, 0, paused=True)
+                        log.info("  primary broker paused (SIGSTOP)")
+                    batch = sends.next_batch()
+                    sender.send_messages(batch)
+                    done = time.monotonic() - started
+                    sends.batches.append((now, done, [str(m.message_id) for m in batch]))
+                    rate.add(done, len(batch), paused.is_set())
+                    time.sleep(PAIRED_SPACING_S)
+        finally:
+            timer.cancel()
+            os.kill(primary_pid, signal.SIGCONT)  # never leave the demo's broker paused
+        longest = max(end - start for start, end, _ in sends.batches)
+        self.expect(longest < FAILOVER.total_seconds() + 5,
+                    f"a send took {longest:.1f} s while the primary was paused")
+        during = sends.in_phase(sends.paused_at, sends.resumed_at)
+        self.expect(len(during) > 1, f"{len(during)} batch(es) were sent while the primary "
+                                     "was paused: the sends did not carry on")
+        return sends
+
+    def path_pair_status(self, secondary: str) -> dict[str, object]:
+        """What the sender reported to the secondary: a failover, and the
+        switch back once the probe saw the primary again."""
+        settings = parse_connection_string(secondary)
+        deadline = time.monotonic() + WAIT_S
+        status: dict[str, object] = {}
+        while time.monotonic() < deadline:
+            status = next((s for s in read_status(settings, NAMESPACE)
+                           if s["entity"] == PAIRED_QUEUE), {})
+            if status.get("mode") == "primary":
+                break
+            time.sleep(0.5)
+        self.expect(status.get("mode") == "primary" and bool(status.get("failovers")),
+                    f"the paired sender reported {status or 'nothing'}, expected a failover "
+                    "and the switch back to the primary")
+        self.expect(int(str(status.get("sent_to_backlog", 0))) > 0,
+                    "the paired sender reported no message sent to the backlog")
+        log.info("  reported to %r: %s failover(s), %s message(s) sent to the backlog, "
+                 "sending to the %s again", SECONDARY_NAMESPACE, status.get("failovers"),
+                 status.get("sent_to_backlog"), status.get("mode"))
+        return status
+
+    def path_syphon(self, secondary: str, sends: PairedSends) -> None:
+        """A receiver with ``enable_syphon=True``: its syphon moves the backlog
+        to the primary, and every message is received once, from there."""
+        want = sends.ids()
+        log.info("[syphon] a receiver paired with %r, enable_syphon=True, receives %d messages "
+                 "of %r from the primary", SECONDARY_NAMESPACE, len(want), PAIRED_QUEUE)
+        options = SendAvailabilityPairedNamespaceOptions(
+            secondary, backlog_queue_count=BACKLOG_QUEUES, enable_syphon=True)
+        seen: Counter[str] = Counter()
+        samples: dict[str, ServiceBusReceivedMessage] = {}
+        picked = {want[0]: "sent before the pause", want[-1]: "sent last, after the pause"}
+        during = sends.in_phase(sends.paused_at, sends.resumed_at)
+        if len(during) > 1:  # the first may have reached the primary late; the last did not
+            picked[during[-1][2][0]] = "sent to the backlog while paused, moved by the syphon"
+        with ServiceBusClient(self.client.settings, paired_namespace=options) as client, \
+                client.get_queue_receiver(PAIRED_QUEUE) as receiver:
+            deadline = time.monotonic() + 3 * WAIT_S
+            while len(seen) < len(want) and time.monotonic() < deadline:
+                batch = receiver.receive_messages(500, max_wait_time=2)
+                receiver.complete_messages(batch)
+                seen.update(str(m.message_id) for m in batch)
+                samples.update((str(m.message_id), m) for m in batch
+                               if m.message_id in picked)
+            # a second copy of anything would come now
+            extra = receiver.receive_messages(100, max_wait_time=QUIET_S)
+            receiver.complete_messages(extra)
+            seen.update(str(m.message_id) for m in extra)
+        missing = [i for i in want if i not in seen]
+        twice = sorted(i for i, n in seen.items() if n > 1)
+        self.expect(not missing, f"{len(missing)} paired message(s) never arrived: "
+                                 f"{missing[:5]}")
+        self.expect(not twice, f"{len(twice)} paired message(s) arrived twice: {twice[:5]}")
+        with ServiceBusAdministrationClient.from_connection_string(secondary) as admin:
+            left = sum(admin.get_queue_runtime_properties(q).active_message_count
+                       for q in backlog_queue_names(NAMESPACE, BACKLOG_QUEUES))
+        self.expect(left == 0, f"{left} message(s) left in the backlog queues")
+        log.info("  received %d distinct messages, %d twice; %d left in the backlog",
+                 len(seen), len(twice), left)
+        for message_id, what in picked.items():
+            if message_id in samples:
+                self.record("paired namespaces", samples[message_id],
+                            f"{what}; received once, from the primary")
+
     def read_dead_letters(self) -> list[ServiceBusReceivedMessage]:
         """Peek-lock the dead-letter sub-queue, check the reasons, put them back."""
         log.info("[dead-letter sub-queue] receive %s/$deadletterqueue, abandon to keep them",
@@ -453,6 +638,24 @@ def receive_count(receiver: ServiceBusReceiver, count: int) -> list[ServiceBusRe
     return got
 
 
+class SecondByRate:
+    """Logs the messages acknowledged in each second of sending, as it goes."""
+
+    def __init__(self) -> None:
+        self.second = 0
+        self.count = 0
+        self.paused = False
+
+    def add(self, at: float, count: int, paused: bool) -> None:
+        """``count`` messages acknowledged ``at`` s after the start."""
+        while int(at) > self.second:
+            log.info("  second %2d: %4d messages sent%s", self.second + 1, self.count,
+                     "  (primary paused)" if self.paused else "")
+            self.second, self.count, self.paused = self.second + 1, 0, paused
+        self.count += count
+        self.paused = self.paused or paused
+
+
 def _order(message_id: str, quantity: int, **properties: str | int) -> ServiceBusMessage:
     body = json.dumps({"order": message_id, "quantity": quantity})
     return ServiceBusMessage(body, message_id=message_id, content_type="application/json",
@@ -501,10 +704,7 @@ def _tail(path: Path, lines: int = 30) -> str:
 def print_summary(demo: Demo, dead: list[ServiceBusReceivedMessage],
                   counts: dict[str, QueueRuntimeProperties]) -> None:
     print()
-    print("Outcomes")
-    print(format_table(["PATH", "MESSAGE ID", "DELIVERIES", "OUTCOME / REASON"],
-                       [[o.path, o.message_id, str(o.delivery_count), o.outcome]
-                        for o in demo.outcomes]))
+    print_outcomes(demo.outcomes)
     print()
     print(f"Dead-letter sub-queue of {QUEUE!r} (delivery count includes this read)")
     print(format_table(["SEQ", "MESSAGE ID", "DELIVERIES", "REASON", "DESCRIPTION"],
@@ -530,6 +730,43 @@ def print_summary(demo: Demo, dead: list[ServiceBusReceivedMessage],
     print()
 
 
+def print_outcomes(outcomes: list[Outcome]) -> None:
+    print("Outcomes")
+    print(format_table(["PATH", "MESSAGE ID", "DELIVERIES", "OUTCOME / REASON"],
+                       [[o.path, o.message_id, str(o.delivery_count), o.outcome]
+                        for o in outcomes]))
+
+
+def pair_status_text(secondary: str) -> str:
+    """What ``settlement pair status`` prints now for the demo namespace."""
+    out = io.StringIO()
+    with redirect_stdout(out):
+        print_status(NAMESPACE, parse_connection_string(secondary), BACKLOG_QUEUES)
+    return out.getvalue().rstrip()
+
+
+def print_paired_summary(demo: Demo, sends: PairedSends, statuses: dict[str, str]) -> None:
+    print()
+    print(f"Paired namespaces: {NAMESPACE!r} (the demo's broker, paused for {PAUSE_S:g} s) "
+          f"with {SECONDARY_NAMESPACE!r} (a second broker); sends to {PAIRED_QUEUE!r}")
+    rows = []
+    for name, start, end in sends.phases():
+        batches = sends.in_phase(start, end)
+        sent = sum(len(ids) for _, _, ids in batches)
+        longest = max((e - s for s, e, _ in batches), default=0.0)
+        rows.append([name, f"{end - start:.1f}", str(sent),
+                     f"{sent / (end - start):.0f}" if end > start else "-", f"{longest:.2f}"])
+    print(format_table(["PHASE", "SECONDS", "MESSAGES SENT", "PER SECOND", "LONGEST SEND (S)"],
+                       rows))
+    for when, text in statuses.items():
+        print()
+        print(f"settlement pair status --backlog-queue-count {BACKLOG_QUEUES}, {when}")
+        print(text)
+    print()
+    print_outcomes(demo.outcomes)
+    print()
+
+
 def run(workdir: Path) -> int:
     check_java()
     with EmbeddedBroker() as broker:
@@ -544,6 +781,8 @@ def run(workdir: Path) -> int:
             code = drive(conn)
             if code == 0:
                 code = monitor_and_dashboard(conn, OUTPUT_DIR)
+            if code == 0:  # last: it pauses this broker
+                code = drive_paired(conn, broker.pid, workdir)
             # Free the clients' librdkafka handles (some sit in reference cycles)
             # while the broker is up, so they disconnect quietly.
             gc.collect()
@@ -585,11 +824,26 @@ def monitor_and_dashboard(conn: str, out_dir: Path) -> int:
     return 0
 
 
-def drive(conn: str) -> int:
+@contextmanager
+def demo_clients(conn: str, section: str) -> Iterator[Demo]:
+    """A :class:`Demo` on clients of ``conn``, closed after; a DemoFailure or
+    a service error ends ``section`` as a failed expectation."""
     admin = ServiceBusAdministrationClient.from_connection_string(conn)
     client = ServiceBusClient.from_connection_string(conn)
     demo = Demo(client, admin)
     try:
+        yield demo
+    except (DemoFailure, ServiceBusError) as exc:
+        demo.failures.append(f"{type(exc).__name__}: {exc}")
+        log.error("%s stopped: %s", section, exc)
+    finally:
+        client.close()
+        admin.close()
+
+
+def drive(conn: str) -> int:
+    with demo_clients(conn, "the demo") as demo:
+        admin, client = demo.admin, demo.client
         admin.create_queue(QUEUE, lock_duration=LOCK_S, max_delivery_count=MAX_DELIVERY)
         admin.create_queue(RAD_QUEUE)
         admin.create_queue(LIFE_QUEUE, requires_duplicate_detection=True,
@@ -610,25 +864,52 @@ def drive(conn: str) -> int:
         dead = demo.read_dead_letters()
         counts = demo.runtime_counts()
         print_summary(demo, dead, counts)
-    except (DemoFailure, ServiceBusError) as exc:
-        demo.failures.append(f"{type(exc).__name__}: {exc}")
-        log.error("the demo stopped: %s", exc)
-    finally:
-        client.close()
-        admin.close()
+    return verdict(demo, "All settlement paths behaved as expected.")
+
+
+def verdict(demo: Demo, success: str) -> int:
+    """Print ``success``, or the expectations that failed; the exit code."""
     if demo.failures:
         print("FAILED expectations:", file=sys.stderr)
         for failure in demo.failures:
             print(f"  - {failure}", file=sys.stderr)
         return 1
-    print("All settlement paths behaved as expected.")
+    print(success)
     return 0
+
+
+def drive_paired(conn: str, primary_pid: int, workdir: Path) -> int:
+    """Paired namespaces: a second embedded broker with its own engine is the
+    secondary of the demo namespace, whose broker (``primary_pid``) is paused."""
+    log.info("[paired namespaces] a second embedded broker, with its own engine, is the "
+             "secondary namespace %r of %r", SECONDARY_NAMESPACE, NAMESPACE)
+    with EmbeddedBroker() as second:
+        secondary = second.connection_string(SECONDARY_NAMESPACE)
+        try:
+            engine = EngineProcess(secondary, workdir / "secondary-engine").start(
+                WORKER_READY_TIMEOUT_S)
+        except RuntimeError as exc:
+            raise DemoFailure(str(exc)) from None
+        try:
+            with demo_clients(conn, "the paired-namespace section") as demo:
+                sends = demo.path_paired_sends(secondary, primary_pid)
+                demo.path_pair_status(secondary)
+                statuses = {"before the syphon ran": pair_status_text(secondary)}
+                demo.path_syphon(secondary, sends)
+                statuses["after"] = pair_status_text(secondary)
+                print_paired_summary(demo, sends, statuses)
+        finally:
+            gc.collect()  # the clients' handles, while both brokers are up
+            engine.stop()
+    return verdict(demo, "Sends carried on while the primary was paused, and every message "
+                         "arrived once.")
 
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
-    for name in ("settlement.demo", "settlement.embedded"):
+    for name in ("settlement.demo", "settlement.embedded", "settlement.pairing",
+                 "settlement._syphon"):
         logging.getLogger(name).setLevel(logging.INFO)
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="settlement-demo-"))
