@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-scale bench-topics bench-sessions lint clean java chromium maven
+.PHONY: demo test bench bench-scale bench-topics bench-sessions bench-pairing lint clean java chromium maven
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,12 @@ bench-topics: $(STAMP) java maven
 # a plain queue, and the commands of a session beside 100,000 idle ones
 bench-sessions: $(STAMP) java maven
 	$(BIN)/python -m bench.sessions --broker $(BROKER) $(ARGS)
+
+# make bench-pairing [BROKER=embedded|kafka] [ARGS="--failover-interval 5"]: a
+# client paired with a second cluster, sending while its primary is healthy,
+# paused (SIGSTOP) and back (SIGCONT), with the syphon moving the backlog home
+bench-pairing: $(STAMP) java maven
+	$(BIN)/python -m bench.pairing --broker $(BROKER) $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
