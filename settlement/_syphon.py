@@ -75,9 +75,11 @@ class Syphon:
                 continue
             try:
                 moved = self.move_once()
-            except ServiceBusError as exc:
+            except (ServiceBusError, KafkaException) as exc:
+                # the primary may go away again mid-pass: what was not
+                # completed stays in the backlog for the next pass
                 log.warning("the syphon could not move backlog messages (%s); trying again",
-                            exc.message)
+                            exc)
                 answering_since = None
                 moved = 0
             if not moved:
