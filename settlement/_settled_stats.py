@@ -41,12 +41,12 @@ def log_ends(link: EngineLink, props: QueueProperties | SubscriptionProperties
 
 
 def settled_stats(link: EngineLink, props: QueueProperties | SubscriptionProperties,
-                  ends: dict[int, int]) -> list[Reply]:
+                  ends: dict[int, int], *, scan_wait: float = SCAN_WAIT_S) -> list[Reply]:
     """Each window's stats once its log scanner has read up to ``ends``
-    (waiting up to :data:`SCAN_WAIT_S`): before that, a filtered subscription
+    (waiting up to ``scan_wait`` s): before that, a filtered subscription
     would count messages its rules may not select, and a session queue would
     miss sessions."""
-    deadline = time.monotonic() + SCAN_WAIT_S
+    deadline = time.monotonic() + scan_wait
     while True:
         replies = link.call_many([link.command("stats", props.path, p, hw=ends[p])
                                   for p in range(props.partition_count)])

@@ -30,10 +30,12 @@ Receivable = QueueProperties | SubscriptionProperties
 
 def entity_size_in_bytes(settings: ConnectionSettings, link: EngineLink, props: Receivable,
                          *, sample: int = SAMPLE) -> int:
-    """The ``size_in_bytes`` of a queue or a subscription, counts and all."""
+    """The ``size_in_bytes`` of a queue or a subscription, counts and all, as
+    the send quota measures it: without waiting for a log scanner to catch
+    up (the messages it has not read yet are then counted as in play)."""
     ends = log_ends(link, props)
     counts = QueueRuntimeProperties(props.path)
-    add_counts(counts, settled_stats(link, props, ends))
+    add_counts(counts, settled_stats(link, props, ends, scan_wait=0.0))
     return queue_size_in_bytes(settings, link, props, ends, counts.total_message_count,
                                sample=sample)
 
