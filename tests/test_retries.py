@@ -56,8 +56,10 @@ def test_errors_that_are_not_transient_raise_at_once(conn: str) -> None:
     assert time.monotonic() - started < 5
 
 
-def _commands_of(broker: Broker, namespace: str, command_id: str) -> list[float]:
-    """When each copy of command ``command_id`` reached the commands topic (s)."""
+def _commands_of(broker: Broker, namespace: str, command_id: str, expected: int
+                 ) -> list[float]:
+    """When each copy of command ``command_id`` reached the commands topic
+    (s): read until ``expected`` were found and one more read finds no other."""
     conn = parse_connection_string(broker.connection_string(namespace))
     consumer = Consumer(conn.consumer_config("retries-test"))
     topic = names.commands(namespace)
@@ -66,9 +68,12 @@ def _commands_of(broker: Broker, namespace: str, command_id: str) -> list[float]
     deadline = time.monotonic() + 10
     try:
         while time.monotonic() < deadline:
-            for record in consumer.consume(500, timeout=0.5):
+            records = consumer.consume(500, timeout=0.5)
+            for record in records:
                 if not record.error() and decode_command(record.value()).id == command_id:
                     found.append(record.timestamp()[1] / 1000)
+            if not records and len(found) >= expected:
+                break
     finally:
         consumer.close()
     return sorted(found)
@@ -92,7 +97,7 @@ def test_an_engine_that_does_not_answer_is_retried_as_the_policy_says(
     finally:
         link.close()
     assert raised.value.retryable is True
-    sent = _commands_of(broker, namespace, command.id)
+    sent = _commands_of(broker, namespace, command.id, len(expected_waits) + 1)
     assert len(sent) == len(expected_waits) + 1, sent  # the first attempt and each retry
     for gap, wait in zip((b - a for a, b in zip(sent, sent[1:], strict=False)),
                          expected_waits, strict=True):

@@ -134,7 +134,9 @@ def test_idle_sessions_cost_a_command_nothing() -> None:
             win.apply(cmd("release_session", session=held["session"], token=held["token"]), 4)
         return time.perf_counter() - started
 
-    few, many = lock_time(100), lock_time(20_000)
+    # the best of three: one run may share the machine with other work
+    few = min(lock_time(100) for _ in range(3))
+    many = min(lock_time(20_000) for _ in range(3))
     assert many < few * 3 + 0.05, (few, many)
 
 
