@@ -19,16 +19,20 @@ since its last measurement, at most.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 
+from confluent_kafka import KafkaException
+
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
-from settlement.exceptions import ServiceBusQuotaExceededError
+from settlement.exceptions import ServiceBusError, ServiceBusQuotaExceededError
 from settlement.management._queue_size import entity_size_in_bytes
 from topics.connection import ConnectionSettings
 
+log = logging.getLogger(__name__)
 #: seconds after which a measurement near the quota is taken again
 STALE_S = 5.0
 #: the share of the quota above which a stale measurement is taken again
@@ -55,13 +59,27 @@ class QuotaGuard:
         self._quota_mb = 0
         #: bytes this guard let through since the last measurement
         self._sent = 0
+        #: time.monotonic() before which a size that could not be read is not asked again
+        self._unreadable_until = 0.0
 
     def check(self, nbytes: int) -> None:
         """Raise ``ServiceBusQuotaExceededError`` if sending ``nbytes`` more
-        would take the entity past its quota; otherwise count them as sent."""
+        would take the entity past its quota; otherwise count them as sent.
+        A size that cannot be read (no right to describe the log, an entity
+        that is gone) does not stop the send: its produce reports what is
+        wrong, as it did before quotas; the size is asked again later."""
         with self._lock:
+            if time.monotonic() < self._unreadable_until:
+                return
             if self._measured_at is None or self._worth_measuring(nbytes, self._measured_at):
-                self._measure()
+                try:
+                    self._measure()
+                except (KafkaException, ServiceBusError) as exc:
+                    log.warning("the size of %s %r cannot be read for its quota (%s); sends "
+                                "are not checked for %.0f s", self._kind, self._name, exc,
+                                STALE_S)
+                    self._unreadable_until = time.monotonic() + STALE_S
+                    return
             size = self._measured + self._sent
             if size + nbytes > self._quota_mb * _MB:
                 raise self._exceeded(size, nbytes)
