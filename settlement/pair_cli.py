@@ -33,7 +33,8 @@ from topics.connection import ConnectionSettings, parse_connection_string
 ConnectionString = Callable[[argparse.Namespace], str]
 
 #: One row per entity and client, from its latest status record. A record in
-#: ``primary`` mode was published when the entity switched back, at ``ts``.
+#: ``primary`` mode was published when the entity switched back, at ``ts``;
+#: one in ``closed`` mode, when the client closed while in the backlog.
 STATUS_COLUMNS: list[Column] = [
     ("KIND", lambda s: s["kind"]), ("ENTITY", lambda s: s["entity"]),
     ("CLIENT", lambda s: s["client"]), ("SENDS TO", lambda s: s["mode"]),
@@ -54,7 +55,8 @@ def add_commands(commands: Any, common: argparse.ArgumentParser,
         "where paired clients send, and the backlog",
         "Per entity of the primary and paired client: whether its sends go to the primary "
         "or to the backlog and since when, its failovers and the messages it sent to the "
-        "backlog, as the client last reported them (at a failover and at a switch back); "
+        "backlog, as the client last reported them (at a failover, every 5 s while in the "
+        "backlog, at a switch back, and when it closed while in the backlog); "
         "then each backlog queue on the secondary with the messages waiting in it. Reads "
         "the secondary only, so it answers while the primary is away.")
     status.add_argument("--secondary", required=True, metavar="CONN",
@@ -109,9 +111,9 @@ def backlog_depths(admin: ServiceBusAdministrationClient, primary_namespace: str
     that exist, in order."""
     existing = {q.name for q in admin.list_queues()}
     if count is None:
-        prefix = backlog_queue_names(primary_namespace, 1)[0].removesuffix("0")
-        indexes = [q.removeprefix(prefix) for q in existing if q.startswith(prefix)]
-        queues = [f"{prefix}{i}" for i in sorted(int(i) for i in indexes if i.isdigit())]
+        queues = sorted((q for q in existing
+                         if names.primary_of_backlog_queue(q) == primary_namespace),
+                        key=lambda q: int(q.rpartition(".")[2]))
     else:
         queues = backlog_queue_names(primary_namespace, count)
     return [(queue, admin.get_queue_runtime_properties(queue).active_message_count

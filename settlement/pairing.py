@@ -59,6 +59,9 @@ SCAN_FROM = "x-paired-scan-from"
 BACKLOG_PROPERTIES = (DESTINATION, REPLAY, FIRST_TRY_MS, SCAN_FROM)
 #: how often an entity sending to the backlog probes the primary
 PROBE_INTERVAL_S = 1.0
+#: how often an entity sending to the backlog reports its progress (the
+#: messages it sent there) to the status topic between failover and switch back
+REPORT_INTERVAL_S = 5.0
 #: how long a failed primary attempt waits before the next, within the interval
 _PAUSE_S = 0.2
 #: the shortest wait for the primary's acknowledgement (a zero interval
@@ -99,7 +102,7 @@ class SendAvailabilityPairedNamespaceOptions:
 
 def backlog_queue_names(primary_namespace: str, count: int) -> list[str]:
     """The backlog queues of ``primary_namespace`` on its secondary."""
-    return [f"x-servicebus-transfer.{primary_namespace}.{i}" for i in range(count)]
+    return [names.backlog_queue(primary_namespace, i) for i in range(count)]
 
 
 def destination(kind: str, entity: str) -> str:
@@ -124,10 +127,12 @@ class Route:
     def to_backlog(self) -> bool:
         return self.backlog_since is not None
 
-    def status(self, client_id: str) -> dict[str, object]:
-        """The record ``settlement pair status`` and the dashboard read."""
+    def status(self, client_id: str, event: str) -> dict[str, object]:
+        """The record ``settlement pair status`` and the dashboard read;
+        ``event`` says why it was published (see :class:`StatusTopic`)."""
+        mode = "closed" if event == "closed" else "backlog" if self.to_backlog else "primary"
         return {"entity": self.entity, "kind": self.kind, "client": client_id,
-                "mode": "backlog" if self.to_backlog else "primary",
+                "event": event, "mode": mode,
                 "since": self.backlog_since.isoformat() if self.backlog_since else None,
                 "failovers": self.failovers, "sent_to_backlog": self.sent_to_backlog,
                 "ts": int(time.time() * 1000)}
@@ -253,7 +258,7 @@ class Pairing:
         log.warning("sends to %s %r fail over to the backlog of namespace %r: %s",
                     route.kind, route.entity, self.secondary.namespace, error.message)
         sender.abandon_producer()
-        self._status.publish(self.primary.namespace, route.status(self.client_id))
+        self._publish(route, "failover")
 
     def _to_backlog(self, route: Route, sender: ServiceBusSender,
                     messages: list[ServiceBusMessage], replay_ids: list[str],
@@ -298,30 +303,44 @@ class Pairing:
                 and all(p.leader >= 0 for p in found.partitions.values()))
 
     def _probe_primary(self) -> None:
+        reported = time.monotonic()
         while not self._closed.wait(PROBE_INTERVAL_S):
             with self._lock:
                 away = [r for r in self._routes.values() if r.to_backlog]
+            report = time.monotonic() - reported >= REPORT_INTERVAL_S
+            if report:
+                reported = time.monotonic()
             for route in away:
                 log_topic = (names.topic_log if route.kind == "topic" else names.entity_log)(
                     self.primary.namespace, route.entity)
                 if not self.primary_answers(log_topic):
+                    if report:
+                        self._publish(route, "progress")
                     continue
                 with self._lock:
                     route.backlog_since = None
                     route.failing_since = None
                 log.warning("the primary namespace %r answers again: sends to %s %r go "
                             "there", self.primary.namespace, route.kind, route.entity)
-                self._status.publish(self.primary.namespace, route.status(self.client_id))
+                self._publish(route, "switch_back")
+
+    def _publish(self, route: Route, event: str) -> None:
+        self._status.publish(self.primary.namespace, route.status(self.client_id, event))
 
     def routes(self) -> list[Route]:
         with self._lock:
             return list(self._routes.values())
 
     def close(self) -> None:
+        """Stop probing and syphoning; an entity still sending to the backlog
+        reports that this client is gone, so nothing shows it sending there."""
         self._closed.set()
         if self._syphon is not None:
             self._syphon.close()
         self._probe.join(timeout=5)
+        for route in self.routes():
+            if route.to_backlog:
+                self._publish(route, "closed")
         self._status.close()
         self._secondary_client.close()
 
@@ -341,14 +360,17 @@ def _backlog_copy(message: ServiceBusMessage, where: str, replay_id: str, first_
 class StatusTopic:
     """The compacted topic ``NS.__pairing`` of the secondary namespace: per
     primary entity and client, where its sends go and how many went to the
-    backlog. ``settlement pair status`` and the dashboard read it."""
+    backlog. ``settlement pair status`` and the monitor (for the dashboard)
+    read it. A record's ``event`` is ``failover``, ``progress`` (every
+    :data:`REPORT_INTERVAL_S` while in the backlog), ``switch_back`` or
+    ``closed`` (the client closed while in the backlog: mode ``closed``)."""
 
     def __init__(self, secondary: ConnectionSettings) -> None:
         from confluent_kafka import Producer
 
         self.topic = names.pairing(secondary.namespace)
         admin = AdminClient(secondary.kafka_config())
-        specs.provision(admin, [specs.TopicSpec(self.topic, 1, {"cleanup.policy": "compact"})],
+        specs.provision(admin, specs.namespace_topics(secondary.namespace),
                         secondary.profile.replication_factor)
         self._producer = Producer({**secondary.kafka_config(), "acks": "all", "linger.ms": 0})
 

@@ -8,8 +8,9 @@ tooltip in a browser) with its exact value.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from html import escape
 
@@ -137,3 +138,13 @@ def _shorten(text: str, width: int) -> str:
     """Cut a label to what fits in ``width`` pixels (the tooltip has all of it)."""
     fits = max(4, (width - 12) // 7)
     return text if len(text) <= fits else text[:fits - 1] + "…"
+
+
+def points(values: Mapping[dt.datetime, float]) -> list[tuple[float, float]]:
+    """A time series (a pandas Series indexed by time) as ``(epoch s, y)`` points."""
+    return [(stamp.timestamp(), float(v)) for stamp, v in values.items()]
+
+
+def clock(seconds: float) -> str:
+    """An x label: the UTC time of day."""
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%H:%M:%S")

@@ -4,8 +4,10 @@ The page is rendered in Python from :func:`spark.metrics_store.read_metrics`
 (pandas over Parquet: no Spark session) with inline SVG charts, so it works
 offline and in a headless browser: outcome rates over time per entity,
 dead-letters by reason, lock-time percentiles, backlog now and over time,
-and a table with the exact totals. It reloads itself every few seconds, so
-it follows a running monitor. ``/metrics.json`` serves the same numbers.
+a table with the exact totals and, on a namespace paired clients fail over
+to, their failovers and backlog depth (:mod:`spark.pairing_panel`). It
+reloads itself every few seconds, so it follows a running monitor.
+``/metrics.json`` serves the same numbers.
 """
 
 from __future__ import annotations
@@ -27,8 +29,17 @@ from typing import Any
 
 import pandas as pd
 
-from spark.charts import Series, bar_chart, fmt, line_chart
-from spark.metrics_store import current_gauges, current_sessions, read_metrics, totals
+from spark import pairing_panel
+from spark.charts import Series, bar_chart, clock, fmt, line_chart, points
+from spark.metrics_store import (
+    current_gauges,
+    current_sessions,
+    gauge_over_time,
+    read_metrics,
+    totals,
+    window_range,
+    window_seconds,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,23 +92,27 @@ svg .label { font-size: 12px; } svg .grid { stroke: #eee; }
 def render_html(sink: str | Path, refresh_seconds: int = 5) -> str:
     """The dashboard page for the metrics in ``sink`` (a page that says how to
     start the monitor when there are none yet)."""
-    metrics = read_metrics(sink)
+    everything = read_metrics(sink)
+    pairing, metrics = pairing_panel.split(everything)
     rendered = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     head = (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="refresh" content="{refresh_seconds}">'
             f"<title>settlement dashboard</title><style>{STYLE}</style></head><body>"
             f"<h1>Settlement dashboard</h1><p class=meta>sink <code>{escape(str(sink))}</code>"
             f" · rendered {rendered} · reloads every {refresh_seconds} s")
-    if metrics.empty:
+    if everything.empty:
         return (head + "</p><h2>No metrics yet</h2><p>Start the monitor on this sink: "
                 f"<code>settlement monitor --sink {escape(str(sink))} --connection-string "
                 "'Endpoint=kafka://HOST:PORT;Namespace=NAME'</code></p></body></html>")
     table = entity_table(metrics)
-    return (head + f" · last micro-batch {int(metrics['batch_id'].max())}"
-            f" · windows of {fmt(_window_seconds(metrics))} s</p>"
+    charts = [*_charts(metrics, table, window_range(everything)),
+              *pairing_panel.charts(pairing, metrics, window_range(everything))]
+    return (head + f" · last micro-batch {int(everything['batch_id'].max())}"
+            f" · windows of {fmt(window_seconds(everything))} s</p>"
             "<h2>Totals per entity</h2>" + _table(table) + _sessions(metrics)
+            + pairing_panel.section(pairing, metrics)
             + '<h2>Charts</h2><div class="charts">'
-            + "".join(f"<div>{chart}</div>" for chart in _charts(metrics, table))
+            + "".join(f"<div>{chart}</div>" for chart in charts)
             + "</div></body></html>")
 
 
@@ -120,18 +135,22 @@ def entity_table(metrics: pd.DataFrame) -> pd.DataFrame:
         row["end_to_end_p50_ms"] = _weighted_percentiles(
             mine[mine["metric"] == "end_to_end_ms"])["p50"]
         rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["entity"])
 
 
 def metrics_json(sink: str | Path) -> dict[str, Any]:
-    """The page's numbers: the totals table and dead-letters by reason."""
-    metrics = read_metrics(sink)
+    """The page's numbers: the totals table, dead-letters by reason, and the
+    paired entities and backlog queues of primaries paired with this namespace."""
+    pairing, metrics = pairing_panel.split(read_metrics(sink))
     table = entity_table(metrics) if not metrics.empty else pd.DataFrame()
     reasons = [{"entity": entity, "reason": reason, "count": int(n)}
                for (entity, reason), n in totals(metrics, "dead_letter_reason").items()]
     return {"sink": str(sink), "rendered": dt.datetime.now(dt.UTC).isoformat(),
             "entities": json.loads(table.to_json(orient="records")),
-            "dead_letter_reasons": reasons}
+            "dead_letter_reasons": reasons,
+            "paired_entities": pairing_panel.paired_entities(pairing),
+            "backlog_queues": (pairing_panel.backlog_depths(metrics)
+                               if not metrics.empty else [])}
 
 
 def _weighted_percentiles(rows: pd.DataFrame) -> dict[str, float | None]:
@@ -185,8 +204,8 @@ def _cell(value: float | None) -> str:
     return "–" if value is None or pd.isna(value) else fmt(value)
 
 
-def _charts(metrics: pd.DataFrame, table: pd.DataFrame) -> Iterator[str]:
-    windows = _window_range(metrics)
+def _charts(metrics: pd.DataFrame, table: pd.DataFrame,
+            windows: pd.DatetimeIndex) -> Iterator[str]:
     entities = list(table["entity"])
     colors = {e: ENTITY_COLORS[i % len(ENTITY_COLORS)] for i, e in enumerate(entities)}
     reasons: dict[str, dict[str, float]] = {}
@@ -203,23 +222,13 @@ def _charts(metrics: pd.DataFrame, table: pd.DataFrame) -> Iterator[str]:
                                         if table.at[e, f"now_{g}"]} for e in entities},
                     dict(BACKLOG.values()))
     yield line_chart("Active messages per entity (end of window)",
-                     [Series(e, _points(_gauge_over_time(metrics, e, "active", windows)),
-                             colors[e]) for e in entities], _clock)
+                     [Series(e, points(gauge_over_time(metrics, e, "active", windows)),
+                             colors[e]) for e in entities], clock)
     for entity in entities:
         rates = _rates(metrics, entity, windows)
         yield line_chart(f"{entity}: outcomes per second",
-                         [Series(OUTCOMES[label][0], _points(rates[label]), OUTCOMES[label][1])
-                          for label in OUTCOMES if label in rates], _clock, unit="/s")
-
-
-def _window_seconds(metrics: pd.DataFrame) -> float:
-    return float((metrics["window_end"] - metrics["window_start"]).dt.total_seconds().max())
-
-
-def _window_range(metrics: pd.DataFrame) -> pd.DatetimeIndex:
-    """Every window from the first to the last, so quiet windows show as 0."""
-    step = pd.Timedelta(seconds=_window_seconds(metrics))
-    return pd.date_range(metrics["window_start"].min(), metrics["window_start"].max(), freq=step)
+                         [Series(OUTCOMES[label][0], points(rates[label]), OUTCOMES[label][1])
+                          for label in OUTCOMES if label in rates], clock, unit="/s")
 
 
 def _rates(metrics: pd.DataFrame, entity: str, windows: pd.DatetimeIndex) -> pd.DataFrame:
@@ -228,25 +237,7 @@ def _rates(metrics: pd.DataFrame, entity: str, windows: pd.DatetimeIndex) -> pd.
                    & metrics["label"].isin(list(OUTCOMES))]
     table = rows.pivot_table(index="window_start", columns="label", values="total",
                              aggfunc="sum")
-    return table.reindex(windows).fillna(0) / _window_seconds(metrics)
-
-
-def _gauge_over_time(metrics: pd.DataFrame, entity: str, gauge: str,
-                     windows: pd.DatetimeIndex) -> pd.Series:
-    """A gauge summed over the entity's partitions, each partition carrying its
-    last value forward through windows in which its state did not change."""
-    rows = metrics[(metrics["entity"] == entity) & (metrics["metric"] == f"gauge_{gauge}")]
-    table = rows.pivot_table(index="window_start", columns="label", values="last",
-                             aggfunc="last")
-    return table.reindex(windows).ffill().fillna(0).sum(axis=1)
-
-
-def _points(values: pd.Series) -> list[tuple[float, float]]:
-    return [(stamp.timestamp(), float(v)) for stamp, v in values.items()]
-
-
-def _clock(seconds: float) -> str:
-    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%H:%M:%S")
+    return table.reindex(windows).fillna(0) / window_seconds(metrics)
 
 
 def make_server(sink: str | Path, host: str = "127.0.0.1", port: int = 8050,

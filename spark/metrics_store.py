@@ -144,14 +144,36 @@ def current_sessions(metrics: pd.DataFrame) -> pd.DataFrame:
     return table[(table[["active", "locked_until", "state_size"]] > 0).any(axis=1)]
 
 
-def current_gauges(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Per entity, the latest value of each gauge summed over its partitions:
-    columns ``entity`` and one per gauge (``active``, ``locked``, ...)."""
-    rows = metrics[metrics["metric"].str.startswith("gauge_")]
+def current_gauges(metrics: pd.DataFrame, prefix: str = "gauge_") -> pd.DataFrame:
+    """Per entity, the latest value of each gauge summed over its labels
+    (partitions; paired clients for ``pairing_``): columns ``entity`` and
+    one per gauge (``active``, ``locked``, ...), named without ``prefix``."""
+    rows = metrics[metrics["metric"].str.startswith(prefix)]
     if rows.empty:
         return pd.DataFrame(columns=["entity"])
     latest = rows.sort_values("window_start").drop_duplicates(
         ["entity", "metric", "label"], keep="last")
     table = latest.pivot_table(index="entity", columns="metric", values="last", aggfunc="sum")
-    table.columns = [c.removeprefix("gauge_") for c in table.columns]
+    table.columns = [c.removeprefix(prefix) for c in table.columns]
     return table.fillna(0).astype(int).reset_index()
+
+
+def window_seconds(metrics: pd.DataFrame) -> float:
+    """The monitor's window length, in seconds."""
+    return float((metrics["window_end"] - metrics["window_start"]).dt.total_seconds().max())
+
+
+def window_range(metrics: pd.DataFrame) -> pd.DatetimeIndex:
+    """Every window from the first to the last, so quiet windows show as 0."""
+    step = pd.Timedelta(seconds=window_seconds(metrics))
+    return pd.date_range(metrics["window_start"].min(), metrics["window_start"].max(), freq=step)
+
+
+def gauge_over_time(metrics: pd.DataFrame, entity: str, gauge: str,
+                    windows: pd.DatetimeIndex) -> pd.Series:
+    """A gauge summed over the entity's partitions, each partition carrying its
+    last value forward through windows in which its state did not change."""
+    rows = metrics[(metrics["entity"] == entity) & (metrics["metric"] == f"gauge_{gauge}")]
+    table = rows.pivot_table(index="window_start", columns="label", values="last",
+                             aggfunc="last")
+    return table.reindex(windows).ffill().fillna(0).sum(axis=1)

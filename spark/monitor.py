@@ -1,8 +1,8 @@
 """The monitoring job: settlement events and window states -> windowed metrics.
 
-Reads ``NS.__events`` and the compacted ``NS.__state`` as one stream, turns
-every record into *facts* ``(metric, label, value)`` and aggregates them per
-entity in event-time windows with a watermark:
+Reads ``NS.__events``, the compacted ``NS.__state`` and ``NS.__pairing`` as
+one stream, turns every record into *facts* ``(metric, label, value)`` and
+aggregates them per entity in event-time windows with a watermark:
 
 =====================  ===================  ======================================
 metric                 label                value
@@ -19,7 +19,15 @@ metric                 label                value
                                             dead_letter, transfer_dead_letter
 ``session_<name>``     session id           active (messages), locked_until (ms,
                                             0: free), state_size (bytes)
+``pairing_event``      ``failover``, ...    1 per status record of a paired client
+``pairing_<name>``     client id            mode (1: sending to the backlog),
+                                            failovers, sent (to the backlog, so far)
 =====================  ===================  ======================================
+
+The last two come from ``NS.__pairing``, where clients of *other*
+namespaces paired with this one report (this namespace is their
+secondary); their entity is ``PRIMARY/ENTITY``. The backlog queues
+themselves are entities of this namespace, with gauges like any queue.
 
 Each window row has ``n`` (facts), ``total`` (sum), ``p50``/``p95``/``p99``
 and ``last`` (the latest value: gauges). Event repeats from a command the
@@ -43,7 +51,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from spark.cli import add_monitor_arguments
 from spark.metrics_store import write_batch
-from spark.records import EVENT_SCHEMA, GAUGES, STATE_SCHEMA
+from spark.records import EVENT_SCHEMA, GAUGES, PAIRING_SCHEMA, STATE_SCHEMA
 from spark.source import read_kafka_stream
 from topics import names
 from topics.connection import ConnectionSettings, parse_connection_string
@@ -80,30 +88,42 @@ _STATE_FACTS = "array(" + ", ".join(
 _SESSION_FACTS = "array(" + ", ".join(
     _fact(f"session_{g}", "s.session", f"s.{g}")
     for g in ("active", "locked_until", "state_size")) + ")"
+_PAIRING_FACTS = "array(" + ", ".join([
+    _fact("pairing_event", "p.event", "1"),
+    _fact("pairing_mode", "p.client", "case when p.mode = 'backlog' then 1 else 0 end"),
+    _fact("pairing_failovers", "p.client", "p.failovers"),
+    _fact("pairing_sent", "p.client", "p.sent_to_backlog")]) + ")"
 
 
 def metric_facts(records: DataFrame, settings: ConnectionSettings,
                  watermark: str = "1 minute") -> DataFrame:
-    """``entity, event_time, fact`` rows from the raw records of both topics."""
-    events_topic = names.events(settings.namespace)
+    """``entity, event_time, fact`` rows from the raw records of the three topics."""
+    topic = F.col("topic")
     value = F.col("value").cast("string")
     parsed = records.select(
         "topic", "partition", "offset",
-        F.when(F.col("topic") == events_topic, F.from_json(value, EVENT_SCHEMA)).alias("e"),
-        F.when(F.col("topic") != events_topic, F.from_json(value, STATE_SCHEMA)).alias("s"))
+        F.when(topic == names.events(settings.namespace),
+               F.from_json(value, EVENT_SCHEMA)).alias("e"),
+        F.when(topic == names.state(settings.namespace),
+               F.from_json(value, STATE_SCHEMA)).alias("s"),
+        F.when(topic == names.pairing(settings.namespace),
+               F.from_json(value, PAIRING_SCHEMA)).alias("p"))
+    paired_entity = F.concat_ws("/", "p.primary", "p.entity")
     rows = (parsed
             .select("*",
-                    F.coalesce("e.entity", "s.entity").alias("entity"),
-                    F.timestamp_millis(F.coalesce("e.ts", "s.ts")).alias("event_time"),
+                    F.coalesce("e.entity", "s.entity", paired_entity).alias("entity"),
+                    F.timestamp_millis(F.coalesce("e.ts", "s.ts", "p.ts")).alias("event_time"),
                     # an event repeated by a re-processed command has the same id
                     F.when(F.col("e.cmd").isNotNull(),
                            F.concat_ws("|", "e.cmd", "e.type", "e.entity", "e.partition"))
                     .otherwise(F.concat_ws("|", "topic", "partition", "offset")).alias("uid"))
             .where(F.col("entity").isNotNull() & F.col("event_time").isNotNull()
-                   & (F.col("e.type").isNotNull() | F.col("s.partition").isNotNull()))
+                   & (F.col("e.type").isNotNull() | F.col("s.partition").isNotNull()
+                      | (F.col("p.event").isNotNull() & F.col("p.client").isNotNull())))
             .withWatermark("event_time", watermark)
             .dropDuplicatesWithinWatermark(["uid"]))
     facts = F.expr(f"case when e is not null then {_EVENT_FACTS} "
+                   f"when p is not null then {_PAIRING_FACTS} "
                    f"when s.session is not null then {_SESSION_FACTS} else {_STATE_FACTS} end")
     return rows.select("entity", "event_time", F.explode(facts).alias("fact"))
 
@@ -129,7 +149,8 @@ def start_monitor(spark: SparkSession, connection_string: str, sink: str | Path,
                   compact_every: int = 100) -> StreamingQuery:
     """Start the monitoring query; ``available_now`` reads what is there and stops."""
     settings = parse_connection_string(connection_string)
-    topics = [names.events(settings.namespace), names.state(settings.namespace)]
+    topics = [names.events(settings.namespace), names.state(settings.namespace),
+              names.pairing(settings.namespace)]
     records = read_kafka_stream(spark, settings.bootstrap_servers, topics,
                                 max_offsets_per_trigger=max_records_per_trigger,
                                 security=settings.security)

@@ -27,6 +27,10 @@ STATE_SCHEMA = ("entity string, partition int, start long, next long, hw long, t
                 "session string, locked_until long, state_size long, "
                 + ", ".join(f"{g} long" for g in GAUGES))
 
+#: a paired client's status record on ``NS.__pairing`` (see settlement.pairing.StatusTopic)
+PAIRING_SCHEMA = ("primary string, entity string, kind string, client string, event string, "
+                  "mode string, failovers long, sent_to_backlog long, ts long")
+
 
 def _json(frame: DataFrame, schema: str) -> Column:
     return F.from_json(frame["value"].cast("string"), schema)

@@ -9,8 +9,10 @@ engine, as the crash tests do).
 from __future__ import annotations
 
 import re
+import threading
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,3 +93,31 @@ def spark() -> Iterator[Any]:
     session = spark_session("settlement-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def browser() -> None:
+    """Headless Chromium for the dashboard tests: required, never skipped
+    (``make test``, and so ``.ci/run``, installs Debian's ``chromium``)."""
+    from spark.dashboard import ChromiumNotFound, chromium
+
+    try:
+        chromium()
+    except ChromiumNotFound as exc:
+        pytest.fail(f"{exc}; make test installs it before the tests")
+
+
+@pytest.fixture
+def dashboard_url(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """The dashboard served on a free port: its URL and the monitor sink it shows."""
+    from spark.dashboard import make_server
+
+    sink = tmp_path / "monitor"
+    server = make_server(sink, port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/", sink
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -8,39 +8,14 @@ from __future__ import annotations
 import json
 import re
 import struct
-import threading
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from settlement import ServiceBusClient, ServiceBusMessage
 from settlement.management import ServiceBusAdministrationClient
-from spark.dashboard import ChromiumNotFound, chromium, dump_dom, make_server, screenshot
+from spark.dashboard import dump_dom, screenshot
 from tests.helpers import drive_workload, run_monitor
-
-
-@pytest.fixture
-def browser() -> None:
-    try:
-        chromium()
-    except ChromiumNotFound as exc:
-        pytest.fail(f"{exc}; make test installs it before the tests")
-
-
-@pytest.fixture
-def dashboard_url(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    sink = tmp_path / "monitor"
-    server = make_server(sink, port=0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/", sink
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_the_page_shows_the_numbers_of_a_known_workload(

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +28,8 @@ from settlement import (
 from settlement.apache_kafka import KafkaCluster
 from settlement.management import ServiceBusAdministrationClient
 from settlement.pairing import backlog_queue_names, read_status
-from tests.helpers import TEST_BROKER
+from spark.dashboard import dump_dom
+from tests.helpers import TEST_BROKER, run_monitor
 from tests.pairing_helpers import Primary, running_primary
 from topics.connection import parse_connection_string
 
@@ -173,3 +177,103 @@ def test_a_killed_primary_comes_back_and_a_receive_loop_outlives_it(
     assert not loop_errors, loop_errors
     assert len(seen) == TOTAL, f"{TOTAL - len(seen)} messages never arrived"
     assert not [m for m, n in seen.items() if n > 1], "received more than once"
+
+
+def test_the_secondarys_dashboard_shows_failovers_and_backlog_depth(
+        primary: Primary, conn: str, queue_name: str, spark: Any, browser: None,
+        dashboard_url: tuple[str, Path]) -> None:
+    """A monitor on the secondary and its dashboard, in headless Chromium:
+    while the primary is paused, the entity's failover, its client sending
+    to the backlog and the messages waiting there; once the syphon has moved
+    them, the switch back and an empty backlog."""
+    url, sink = dashboard_url
+    primary_ns = parse_connection_string(primary.conn).namespace
+    entity = f"{primary_ns}/{queue_name}"
+    with ServiceBusAdministrationClient.from_connection_string(primary.conn) as admin:
+        admin.create_queue(queue_name)
+    sending = SendAvailabilityPairedNamespaceOptions(conn, backlog_queue_count=3,
+                                                     failover_interval=FAILOVER)
+    with ServiceBusClient.from_connection_string(primary.conn,
+                                                 paired_namespace=sending) as client, \
+            client.get_queue_sender(queue_name) as sender:
+        sender.send_messages(ServiceBusMessage("before", message_id="before"))
+        primary.pause()
+        try:
+            for first in range(0, 300, 100):
+                sender.send_messages([ServiceBusMessage(f"d{i}", message_id=f"d{i}")
+                                      for i in range(first, first + 100)])
+            route = client._pairing.route("queue", queue_name)  # noqa: SLF001 - what it did
+            assert route.to_backlog and route.sent_to_backlog == 300, route
+            # a client in the backlog reports its progress every few seconds
+            progress = _wait_for_status(conn, primary_ns, queue_name,
+                                        lambda s: s["sent_to_backlog"] == 300)
+            assert (progress["mode"], progress["failovers"]) == ("backlog", 1), progress
+            waiting = _backlog_depth(conn, primary_ns)
+            assert waiting >= 300
+            run_monitor(spark, conn, sink)
+            paired, backlog = _dashboard_rows(url, entity, primary_ns)
+            assert paired == {"failovers": "1", "switch_backs": "0",
+                              "sending_to_backlog": "1", "sent_to_backlog": "300"}, paired
+            assert backlog == {"queues": "3", "waiting": str(waiting)}, backlog
+        finally:
+            primary.resume()
+        deadline = time.monotonic() + 60
+        while route.to_backlog and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not route.to_backlog, "the probe never saw the primary back"
+
+    receiving = SendAvailabilityPairedNamespaceOptions(conn, backlog_queue_count=3,
+                                                       enable_syphon=True)
+    seen: list[str] = []
+    with ServiceBusClient.from_connection_string(primary.conn,
+                                                 paired_namespace=receiving) as client, \
+            client.get_queue_receiver(queue_name) as receiver:
+        deadline = time.monotonic() + 120
+        while len(seen) < 301 and time.monotonic() < deadline:
+            batch = receiver.receive_messages(500, max_wait_time=2)
+            seen += [str(m.message_id) for m in batch]
+            receiver.complete_messages(batch)
+        while _backlog_depth(conn, primary_ns) and time.monotonic() < deadline:
+            time.sleep(0.5)  # the syphon completes its copies after moving them
+    assert sorted(seen) == sorted(["before", *(f"d{i}" for i in range(300))])
+    assert _backlog_depth(conn, primary_ns) == 0
+    run_monitor(spark, conn, sink)
+    paired, backlog = _dashboard_rows(url, entity, primary_ns)
+    assert paired == {"failovers": "1", "switch_backs": "1",
+                      "sending_to_backlog": "0", "sent_to_backlog": "300"}, paired
+    assert backlog == {"queues": "3", "waiting": "0"}, backlog
+    dom = dump_dom(url)
+    assert "Backlog queues: messages waiting (end of window)" in dom
+    assert "Failovers to this namespace per window" in dom
+
+
+def _wait_for_status(conn: str, primary_ns: str, queue: str,
+                     done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while True:
+        mine = [s for s in read_status(parse_connection_string(conn), primary_ns)
+                if s["entity"] == queue]
+        if mine and done(mine[-1]) or time.monotonic() > deadline:
+            assert mine, f"no status record of {queue}"
+            return mine[-1]
+        time.sleep(1)
+
+
+def _backlog_depth(conn: str, primary_ns: str) -> int:
+    with ServiceBusAdministrationClient.from_connection_string(conn) as admin:
+        return sum(admin.get_queue_runtime_properties(q).active_message_count
+                   for q in backlog_queue_names(primary_ns, 3))
+
+
+def _dashboard_rows(url: str, entity: str, primary_ns: str
+                    ) -> tuple[dict[str, str], dict[str, str]]:
+    """The cells of the entity's row and of its primary's backlog row, as
+    headless Chromium shows the page."""
+    dom = dump_dom(url)
+    rows = []
+    for attribute, key in (("data-paired", entity), ("data-backlog", primary_ns)):
+        row = re.search(rf'<tr {attribute}="{re.escape(key)}">(.*?)</tr>', dom)
+        assert row, f"no {attribute} row for {key} on the page"
+        rows.append(dict(re.findall(r'data-metric="(\w+)">([^<]*)<', row.group(1))))
+    rows[0].pop("last_report")
+    return rows[0], rows[1]

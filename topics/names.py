@@ -119,6 +119,22 @@ state = _namespace_topic("state")
 entities = _namespace_topic("entities")
 pairing = _namespace_topic("pairing")
 
+#: Backlog queues on a secondary namespace are ``PREFIX<primary namespace>.<i>``.
+BACKLOG_QUEUE_PREFIX = "x-servicebus-transfer."
+
+
+def backlog_queue(primary_namespace: str, index: int) -> str:
+    """Backlog queue ``index`` of ``primary_namespace`` on its secondary."""
+    return f"{BACKLOG_QUEUE_PREFIX}{primary_namespace}.{index}"
+
+
+def primary_of_backlog_queue(queue: str) -> str | None:
+    """The primary namespace whose backlog queue ``queue`` is (None: not one)."""
+    if not queue.startswith(BACKLOG_QUEUE_PREFIX):
+        return None
+    primary, _, index = queue.removeprefix(BACKLOG_QUEUE_PREFIX).rpartition(".")
+    return primary if primary and index.isdigit() else None
+
 
 def engine_app_id(namespace: str) -> str:
     """Faust app id: names the engine's consumer group and its changelog topics."""

@@ -49,6 +49,9 @@ def namespace_topics(namespace: str) -> list[TopicSpec]:
                   {"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS)}),
         TopicSpec(names.state(namespace), ENGINE_PARTITIONS, compact),
         TopicSpec(names.entities(namespace), 1, compact),
+        # a monitor subscribes to it on every namespace: paired clients of
+        # other namespaces report to it when this one is their secondary
+        TopicSpec(names.pairing(namespace), 1, compact),
     ]
 
 
