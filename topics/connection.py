@@ -9,6 +9,11 @@ changes the string. Optional keys:
   the SASL user name and password; the mechanism is then PLAIN and the
   protocol SASL_PLAINTEXT unless the string names others.
 
+A client built the SDK's other way, ``ServiceBusClient(fully_qualified_namespace,
+credential)``, names the namespace as ``HOST:PORT[,HOST:PORT]/NAMESPACE``
+(optionally after ``kafka://`` or ``sb://``) and passes an ``azure-core``
+credential: :func:`settings_from_credential` maps it to the same settings.
+
 Nothing in the string tunes for a broker: what differs between Apache Kafka
 and the embedded broker is detected (:mod:`topics.broker_profile`). The
 ``FetchMaxWaitMs`` key of earlier versions is accepted and ignored.
@@ -130,3 +135,65 @@ def parse_connection_string(conn_str: str) -> ConnectionSettings:
     if values:
         raise ConnectionStringError(f"unknown connection string keys: {sorted(values)}")
     return ConnectionSettings(",".join(hosts), namespace, security)
+
+
+#: how a SAS token starts (``AzureSasCredential``, ``SharedAccessSignature=``)
+SAS_PREFIX = "SharedAccessSignature "
+
+
+def parse_fully_qualified_namespace(fully_qualified_namespace: str) -> tuple[str, str]:
+    """``(bootstrap servers, namespace)`` of ``HOST:PORT[,HOST:PORT]/NAMESPACE``."""
+    text = str(fully_qualified_namespace or "").strip()
+    for scheme in ("kafka://", "sb://"):
+        text = text.removeprefix(scheme)
+    hosts, _, namespace = text.rstrip("/").rpartition("/")
+    servers = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not servers or not all(_HOSTPORT.match(h) for h in servers) or not namespace:
+        raise ConnectionStringError(
+            f"fully_qualified_namespace {fully_qualified_namespace!r} is not "
+            "'HOST:PORT[,HOST:PORT]/NAMESPACE' (Kafka's bootstrap servers, then the "
+            "namespace): Service Bus host names do not apply here")
+    return ",".join(servers), validate_namespace(namespace)
+
+
+def sas_key_name(token: str) -> str:
+    """The ``skn`` (key name) of a SAS token ``SharedAccessSignature sr=..&sig=..&se=..&skn=..``."""
+    fields = dict(part.partition("=")[::2] for part in token.removeprefix(SAS_PREFIX).split("&"))
+    if not token.startswith(SAS_PREFIX) or not all(fields.get(k) for k in ("sr", "sig", "se",
+                                                                         "skn")):
+        raise ConnectionStringError(
+            "a shared access signature must read 'SharedAccessSignature sr=URI&sig=SIGNATURE"
+            "&se=EXPIRY&skn=KEYNAME'")
+    return fields["skn"]
+
+
+def settings_from_credential(fully_qualified_namespace: str, credential: Any
+                             ) -> ConnectionSettings:
+    """The settings of ``ServiceBusClient(fully_qualified_namespace, credential)``.
+
+    ``AzureNamedKeyCredential(name, key)`` is the SASL user and password, as
+    ``SharedAccessKeyName``/``SharedAccessKey`` in a connection string;
+    ``AzureSasCredential(token)`` signs in as the token's key name with the
+    token as password (a broker configured by :mod:`settlement.apache_kafka`
+    checks its signature and expiry). Azure AD credentials (``get_token``)
+    have nothing to sign in to here."""
+    from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
+
+    servers, namespace = parse_fully_qualified_namespace(fully_qualified_namespace)
+    if isinstance(credential, AzureNamedKeyCredential):
+        user, password = credential.named_key
+    elif isinstance(credential, AzureSasCredential):
+        password = credential.signature
+        user = sas_key_name(password)
+    elif hasattr(credential, "get_token"):
+        raise TypeError(
+            f"{type(credential).__name__} is an Azure AD credential, which Kafka cannot check: "
+            "use AzureNamedKeyCredential(KEY_NAME, KEY) or AzureSasCredential(TOKEN), or a "
+            "connection string")
+    else:
+        raise TypeError(
+            f"credential must be an azure.core.credentials.AzureNamedKeyCredential or "
+            f"AzureSasCredential, not {type(credential).__name__}")
+    return ConnectionSettings(servers, namespace, {
+        "sasl.username": user, "sasl.password": password, "sasl.mechanism": "PLAIN",
+        "security.protocol": "SASL_PLAINTEXT"})
