@@ -64,16 +64,29 @@ class ServiceBusAuthorizationError(ServiceBusError):
     or asked for what only the engine itself may do."""
 
 
+class ServiceBusAuthenticationError(ServiceBusError):
+    """The broker did not accept the connection's credentials: a wrong key
+    name or key, or a shared access signature that is invalid or expired."""
+
+
 #: librdkafka error names of a refusal by the broker's authorizer
 _DENIED = frozenset({"TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED",
-                     "CLUSTER_AUTHORIZATION_FAILED", "SASL_AUTHENTICATION_FAILED",
-                     "_AUTHENTICATION"})
+                     "CLUSTER_AUTHORIZATION_FAILED"})
+#: librdkafka error names of credentials the broker did not accept
+_UNAUTHENTICATED = frozenset({"SASL_AUTHENTICATION_FAILED", "_AUTHENTICATION"})
 
 
-def denied(error_name: str, needs: str, scope: str) -> ServiceBusAuthorizationError | None:
-    """The error to raise when Kafka's authorizer refused what needs ``needs``
-    ("the Send right") on ``scope`` ("queue 'orders'"); None for errors of
-    another kind."""
+def denied(error_name: str, needs: str, scope: str
+           ) -> ServiceBusAuthorizationError | ServiceBusAuthenticationError | None:
+    """The error to raise when Kafka refused the credentials, or its
+    authorizer refused what needs ``needs`` ("the Send right") on ``scope``
+    ("queue 'orders'"); None for errors of another kind."""
+    if error_name in _UNAUTHENTICATED:
+        return ServiceBusAuthenticationError(
+            f"the broker did not accept this connection's credentials for {scope} (Kafka "
+            f"answered {error_name}): check SharedAccessKeyName/SharedAccessKey, the named "
+            "key credential, or renew the shared access signature if it expired",
+            error_code="Unauthorized")
     if error_name not in _DENIED:
         return None
     return ServiceBusAuthorizationError(
