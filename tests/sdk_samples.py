@@ -340,8 +340,8 @@ def _shorten_sleeps(sample_file: str, factor: float) -> None:
     def sleep(seconds: float) -> None:
         real_sleep(scaled(seconds, sys._getframe(1)))
 
-    async def async_sleep(delay: float, result: Any = None) -> Any:
-        return await real_async_sleep(scaled(delay, sys._getframe(1)), result)
+    def async_sleep(delay: float, result: Any = None) -> Any:  # the caller is known when called
+        return real_async_sleep(scaled(delay, sys._getframe(1)), result)
 
     time.sleep = sleep
     asyncio.sleep = async_sleep

@@ -11,9 +11,12 @@ second cluster of this module with SASL users; the embedded broker has none."""
 from __future__ import annotations
 
 import difflib
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +121,18 @@ def test_the_list_of_samples_that_cannot_run_names_real_samples() -> None:
 def test_every_sample_of_the_release_is_found() -> None:
     flavours = [s.flavour for s in SAMPLES]
     assert (flavours.count("sync"), flavours.count("async")) == (29, 27)  # in 7.11.4
+
+
+def test_shortened_sleeps_are_the_samples_own(tmp_path: Path) -> None:
+    sample = tmp_path / "sleeper.py"
+    sample.write_text(
+        "import asyncio, time\n"
+        "def took(run):\n"
+        "    started = time.monotonic(); run(); return time.monotonic() - started\n"
+        "print(took(lambda: time.sleep(20)), took(lambda: asyncio.run(asyncio.sleep(20))),\n"
+        "      took(lambda: exec(compile('time.sleep(0.5)', 'library.py', 'exec'))))\n")
+    done = subprocess.run([sys.executable, "-m", "tests.sdk_samples", str(sample), "10"],
+                          cwd=sdk_samples.REPO, capture_output=True, text=True, timeout=60)
+    own, own_async, library = map(float, done.stdout.split())
+    assert 2 <= own < 10 and 2 <= own_async < 10
+    assert library >= 0.5
