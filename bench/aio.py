@@ -1,0 +1,241 @@
+"""Grouped settlements of the asyncio client: 1,000 concurrent ``await complete_message``.
+
+``python -m bench.aio [--broker embedded|kafka] [--messages N] [--concurrency 1000]``
+(``make bench-aio``) starts a broker and one engine worker, then measures on
+that one broker:
+
+1. raw Kafka consume (a plain assigned consumer, no commits) and produce,
+   from ``bench.run.raw_kafka``: the broker's own pace;
+2. the sync client's batched peek-lock: ``receive_messages(1000)`` +
+   ``complete_messages(batch)`` (``bench.run.settle_in_batches``);
+3. the asyncio client (``settlement.aio``): messages received 1,000 at a
+   time, then completed by 1,000 concurrent ``await
+   receiver.complete_message(m)`` calls (``asyncio.gather``), one settle per
+   call as SDK code writes it. The clock runs over the completes only
+   (receive + complete end to end is reported beside), and the engine
+   commands they cost are counted.
+
+Every message of the async phase must be received and settled exactly once
+(by message id, and nothing left in the queue). The table goes to stdout,
+the figures to ``bench/results/aio.json`` (``aio-kafka.json`` on Apache Kafka).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench.measure import CpuMeter, Phase, Timed
+from bench.run import (
+    LOCK_SECONDS,
+    RESULTS_DIR,
+    check_exactly_once,
+    machine_info,
+    make_messages,
+    raw_kafka,
+    send,
+    settle_in_batches,
+    wait_for_engine,
+)
+from settlement import ServiceBusClient, aio
+from settlement.apache_kafka import KAFKA_VERSION, KafkaCluster
+from settlement.embedded import EmbeddedBroker
+from settlement.management import ServiceBusAdministrationClient
+from streams.process import EngineProcess
+from topics.connection import parse_connection_string
+
+NAMESPACE = "benchaio"
+CHUNK = 1000
+#: the figure issue 14 asks of the async settle path
+TARGET = 20_000
+
+log = logging.getLogger("bench.aio")
+
+
+async def concurrent_completes(conn: str, queue: str, ids: list[str], concurrency: int,
+                               meter: CpuMeter) -> Phase:
+    """Receive ``concurrency`` messages, complete them all concurrently; repeat."""
+    received: Counter[str] = Counter()
+    settled: Counter[str] = Counter()
+    failures: list[str] = []
+    settle_s = 0.0
+    cpu: dict[str, float] = {}
+    rounds = 0
+    started = time.perf_counter()
+    async with aio.ServiceBusClient.from_connection_string(conn) as client:
+        async with client.get_queue_receiver(queue) as receiver:
+            while sum(received.values()) < len(ids):
+                want = min(concurrency, len(ids) - sum(received.values()))
+                batch: list[Any] = []
+                while len(batch) < want:
+                    got = await receiver.receive_messages(want - len(batch), max_wait_time=10)
+                    if not got:
+                        break
+                    batch += got
+                if not batch:
+                    log.warning("async phase: nothing received for 10 s; giving up")
+                    break
+                received.update(m.message_id for m in batch)
+                with Timed(meter) as t:
+                    results = await asyncio.gather(
+                        *(receiver.complete_message(m) for m in batch), return_exceptions=True)
+                settle_s += t.seconds
+                cpu = t.cpu  # the last round's: rounds are alike
+                rounds += 1
+                for message, result in zip(batch, results, strict=True):
+                    if result is None:
+                        settled[message.message_id] += 1
+                    else:
+                        failures.append(f"{message.message_id}: {result!r}")
+            end_to_end = time.perf_counter() - started
+            leftover = await receiver.receive_messages(10, max_wait_time=0.5)
+        commands = client._settles.commands_sent
+    check = check_exactly_once(ids, received, settled, len(failures))
+    check["left_in_queue"] = len(leftover)
+    check["ok"] = check["ok"] and not leftover
+    if failures:
+        check["failure_sample"] = failures[:3]
+    return Phase("aio_concurrent_complete",
+                 f"aio: {concurrency:,} concurrent await complete_message", len(ids), settle_s,
+                 cpu=cpu, check=check,
+                 extra={"rounds": rounds, "engine_commands": commands,
+                        "settles_per_command": round(len(ids) / max(commands, 1), 1),
+                        "receive_and_complete_rate": round(len(ids) / end_to_end, 1)})
+
+
+def render(result: dict[str, Any]) -> str:
+    ph = result["phases"]
+    broker = (f"Apache Kafka {KAFKA_VERSION}, 1 node" if result["broker"] == "kafka"
+              else "embedded Tansu broker")
+    m = result["machine"]
+    lines = ["", f"asyncio settlements ({broker}, 1 engine worker); machine: {m['cores']} "
+             f"cores, {m['cpu_model']}, {m['implementation']} {m['python']}",
+             f"{result['messages']:,} messages x {result['size']} B per phase", ""]
+    head = f"{'figure':<62} {'msg/s':>10}  {'cores client/engine/broker':>26}"
+    lines += [head, "-" * len(head)]
+    for key in ("raw_consume", "raw_produce_lists", "peek_lock_batch",
+                "aio_concurrent_complete"):
+        p = ph[key]
+        busy = "/".join(f"{p['cpu_cores'].get(k, 0):.2f}" for k in ("client", "engine",
+                                                                    "broker"))
+        lines.append(f"{p['label']:<62} {p['rate']:>10,.0f}  {busy:>26}")
+    a = ph["aio_concurrent_complete"]
+    lines += [
+        f"  aio receive({result['concurrency']:,}) + concurrent completes, end to end: "
+        f"{a['receive_and_complete_rate']:,.0f} msg/s",
+        f"  engine commands for {a['messages']:,} completes: {a['engine_commands']} "
+        f"({a['settles_per_command']:,} settles each)",
+        f"  target >= {TARGET:,} msg/s: {'met' if a['rate'] >= TARGET else 'MISSED'}; "
+        f"exactly once: {'ok' if a['check']['ok'] else 'FAILED ' + str(a['check'])}",
+    ]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.aio", description=__doc__.split("\n")[0])
+    p.add_argument("--broker", choices=["embedded", "kafka"], default="embedded")
+    p.add_argument("--messages", "-n", type=int, default=20_000,
+                   help="messages per phase (default 20000)")
+    p.add_argument("--size", type=int, default=1024, help="body bytes (default 1024)")
+    p.add_argument("--concurrency", type=int, default=1000,
+                   help="concurrent complete_message calls (default 1000)")
+    p.add_argument("--output", type=Path, default=None,
+                   help="default bench/results/aio.json (aio-kafka.json on Apache Kafka)")
+    p.add_argument("--keep-logs", action="store_true")
+    return p.parse_args(argv)
+
+
+@contextmanager
+def broker_and_engine(kind: str, work: Path) -> Iterator[tuple[str, CpuMeter, EngineProcess]]:
+    """A fresh broker of ``kind`` with one engine worker: the namespace's
+    connection string, a CPU meter of the three processes, the worker."""
+    broker: EmbeddedBroker | KafkaCluster = (
+        KafkaCluster(data_dir=work / "kafka") if kind == "kafka"
+        else EmbeddedBroker(log_path=work / "broker.log"))
+    with broker:
+        conn = broker.connection_string(NAMESPACE)
+        broker_pid = broker.nodes[0].pid if isinstance(broker, KafkaCluster) else broker.pid
+        with EngineProcess(conn, work / "engine", timer_interval=0.5) as worker:
+            yield conn, CpuMeter({"client": os.getpid(), "engine": worker.pid,
+                                  "broker": broker_pid}), worker
+
+
+def measure(args: argparse.Namespace, work: Path, step: Callable[[str], None]
+            ) -> dict[str, Phase]:
+    """Every phase, on one broker and engine."""
+    phases: dict[str, Phase] = {}
+    n, size = args.messages, args.size
+    with broker_and_engine(args.broker, work) as (conn, meter, worker), \
+            ServiceBusAdministrationClient.from_connection_string(conn) as admin, \
+            ServiceBusClient.from_connection_string(conn) as client:
+        for queue in ("warmup", "peek", "aio"):
+            admin.create_queue(queue, lock_duration=LOCK_SECONDS, max_delivery_count=10)
+        assert worker.proc is not None
+        step(f"engine ready after {wait_for_engine(client, 'warmup', worker.proc):.1f}s; "
+             "warm-up")
+        warm = make_messages("w", min(2000, n), size)
+        send(client, "warmup", warm, CHUNK)
+        settle_in_batches(client, "warmup", [m.message_id for m in warm], CHUNK, meter)
+        step("raw Kafka baseline")
+        bootstrap = parse_connection_string(conn).bootstrap_servers
+        phases |= {p.key: p for p in raw_kafka(bootstrap, conn, n, size, meter, 20)}
+        step("sync peek-lock receive(1000) + complete_messages")
+        msgs = make_messages("p", n, size)
+        send(client, "peek", msgs, CHUNK)
+        phases["peek_lock_batch"] = settle_in_batches(
+            client, "peek", [m.message_id for m in msgs], CHUNK, meter)
+        step(f"aio: {args.concurrency:,} concurrent await complete_message")
+        msgs = make_messages("a", n, size)
+        send(client, "aio", msgs, CHUNK)
+        phases["aio_concurrent_complete"] = asyncio.run(concurrent_completes(
+            conn, "aio", [m.message_id for m in msgs], args.concurrency, meter))
+    return phases
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    work = Path(tempfile.mkdtemp(prefix="settlement-aio-"))
+    started = time.monotonic()
+
+    def step(msg: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {msg}", flush=True)
+
+    step(f"starting the {args.broker} broker; scratch dir {work}")
+    phases = measure(args, work, step)
+    aio_phase = phases["aio_concurrent_complete"]
+    result = {
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine_info(), "broker": args.broker, "messages": args.messages,
+        "size": args.size, "concurrency": args.concurrency,
+        "phases": {k: p.as_dict() for k, p in phases.items()},
+        "target_msg_per_s": TARGET, "target_met": aio_phase.rate >= TARGET,
+        "exactly_once_ok": all(p.check.get("ok", True) for p in phases.values()),
+        "total_seconds": round(time.monotonic() - started, 1),
+    }
+    print(render(result), flush=True)
+    output = args.output or RESULTS_DIR / f"aio{'-kafka' if args.broker == 'kafka' else ''}.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {output} (whole bench {result['total_seconds']}s)")
+    if args.keep_logs or not result["exactly_once_ok"]:
+        print(f"logs kept in {work}", file=sys.stderr)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if result["exactly_once_ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
