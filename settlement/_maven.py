@@ -44,9 +44,15 @@ def require_java() -> str:
     return java
 
 
-def fetch_jars(name: str, properties: dict[str, str]) -> Path:
+#: what Maven runs to fill the output directory: copy a POM's dependencies
+COPY_DEPENDENCIES = ("dependency:copy-dependencies", "-DincludeScope=runtime")
+
+
+def fetch_jars(name: str, properties: dict[str, str],
+               goals: tuple[str, ...] = COPY_DEPENDENCIES) -> Path:
     """The directory of jars for ``settlement/jars/<name>/pom.xml`` with
-    ``properties`` (e.g. ``{"kafka.version": "4.4.0"}``), fetched on first use."""
+    ``properties`` (e.g. ``{"kafka.version": "4.4.0"}``), fetched on first use.
+    Other ``goals`` build the POM's own jar there (its ``outputDirectory``)."""
     version = "-".join(properties.values())
     target = cache_dir() / f"{name}-{version}"
     if (target / ".complete").exists():
@@ -60,8 +66,7 @@ def fetch_jars(name: str, properties: dict[str, str]) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     defines = [f"-D{key}={value}" for key, value in properties.items()]
     command = [mvn, "-q", "-B", "-f", str(POMS / name / "pom.xml"), *defines,
-               "dependency:copy-dependencies", "-DincludeScope=runtime",
-               f"-DoutputDirectory={staging}"]
+               *goals, f"-DoutputDirectory={staging}"]
     log.info("fetching %s %s from Maven Central into %s", name, version, target)
     done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if done.returncode != 0:

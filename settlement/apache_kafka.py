@@ -21,6 +21,7 @@ them all), so one or three processes make a complete cluster. The settings in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -41,7 +42,7 @@ from settlement._local_broker import (
     port_in_use,
     wait_until_answering,
 )
-from settlement._maven import fetch_jars, require_java
+from settlement._maven import POMS, fetch_jars, require_java
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,20 @@ class KafkaNode:
         return self.proc.pid
 
 
+#: the broker's SASL/PLAIN handler that also checks shared access signatures
+SAS_HANDLER = "settlement.kafka.SasPlainServerCallbackHandler"
+
+
+def sas_auth_jars(version: str = KAFKA_VERSION) -> Path:
+    """The directory holding the jar of :data:`SAS_HANDLER`, built by Maven
+    from ``settlement/jars/sas-auth`` once per Kafka version and source (a
+    changed source is a new cache entry, so an edit never runs a stale jar)."""
+    sources = sorted((POMS / "sas-auth").rglob("*.java")) + [POMS / "sas-auth" / "pom.xml"]
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()[:12]
+    return fetch_jars("sas-auth", {"kafka.version": version, "source.digest": digest},
+                      goals=("compiler:compile", "jar:jar"))
+
+
 class KafkaCluster:
     """An Apache Kafka cluster of ``brokers`` local nodes (1 or 3) that lives
     as long as this object is started. ``port`` is the first node's client
@@ -128,7 +143,9 @@ class KafkaCluster:
 
     With ``users`` (name -> password, ``admin`` among them) clients must
     authenticate (SASL/PLAIN) and Kafka's ``StandardAuthorizer`` allows only
-    what ACLs grant; ``admin`` is the super user who grants them."""
+    what ACLs grant; ``admin`` is the super user who grants them. A user signs
+    in with its password or with a shared access signature made with it as the
+    key (:data:`SAS_HANDLER` checks both)."""
 
     def __init__(self, brokers: int = 1, port: int = 0, data_dir: str | os.PathLike[str] | None
                  = None, version: str = KAFKA_VERSION, users: dict[str, str] | None = None
@@ -144,7 +161,7 @@ class KafkaCluster:
         self._owns_data = data_dir is None
         self._data_dir = Path(data_dir) if data_dir is not None else None
         self.nodes: list[KafkaNode] = []
-        self._jars: Path | None = None
+        self._classpath = ""
 
     # -- properties -----------------------------------------------------------------
 
@@ -187,7 +204,10 @@ class KafkaCluster:
         all of them are registered; :class:`BrokerStartError` says why not."""
         if self.running:
             raise BrokerStartError(f"Kafka cluster already running on {self.bootstrap}")
-        self._jars = fetch_jars("kafka", {"kafka.version": self.version})
+        jars = [fetch_jars("kafka", {"kafka.version": self.version})]
+        if self.users is not None:
+            jars.append(sas_auth_jars(self.version))
+        self._classpath = os.pathsep.join(f"{directory}/*" for directory in jars)
         if self._data_dir is None:
             self._data_dir = Path(tempfile.mkdtemp(prefix="kafka-cluster-"))
         self._data_dir.mkdir(parents=True, exist_ok=True)
@@ -217,7 +237,7 @@ class KafkaCluster:
                                        "use: stop what holds it, or use another --data-dir")
         command = [require_java(), *_JVM_OPTIONS,
                    f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
-                   "-cp", f"{self._jars}/*", "kafka.Kafka",
+                   "-cp", self._classpath, "kafka.Kafka",
                    str(node.directory / "server.properties")]
         with open(node.log_path, "ab") as out:
             node.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
@@ -326,6 +346,7 @@ class KafkaCluster:
             "listener.name.sasl_plaintext.plain.sasl.jaas.config":
                 "org.apache.kafka.common.security.plain.PlainLoginModule required "
                 f'username="admin" password="{self.users["admin"]}" {accounts};',
+            "listener.name.sasl_plaintext.plain.sasl.server.callback.handler.class": SAS_HANDLER,
             "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
             "super.users": "User:admin;User:ANONYMOUS",
         }
@@ -339,7 +360,7 @@ class KafkaCluster:
         return self._storage_tool("random-uuid").strip().splitlines()[-1]
 
     def _storage_tool(self, *args: str) -> str:
-        done = subprocess.run([require_java(), "-cp", f"{self._jars}/*", "kafka.tools.StorageTool",
+        done = subprocess.run([require_java(), "-cp", self._classpath, "kafka.tools.StorageTool",
                                *args], capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise BrokerStartError(f"kafka.tools.StorageTool {args[0]} failed (exit "
