@@ -8,6 +8,9 @@ changes the string. Optional keys:
 * ``SharedAccessKeyName`` and ``SharedAccessKey`` (the Service Bus names) are
   the SASL user name and password; the mechanism is then PLAIN and the
   protocol SASL_PLAINTEXT unless the string names others.
+* ``SharedAccessSignature=SharedAccessSignature sr=..&sig=..&se=..&skn=..``
+  signs in as the token's key name with the token as password, as
+  ``AzureSasCredential`` does (see :func:`settings_from_credential`).
 
 A client built the SDK's other way, ``ServiceBusClient(fully_qualified_namespace,
 credential)``, names the namespace as ``HOST:PORT[,HOST:PORT]/NAMESPACE``
@@ -129,6 +132,13 @@ def parse_connection_string(conn_str: str) -> ConnectionSettings:
             "FetchMaxWaitMs in the connection string is ignored: the broker's fetch "
             "behaviour is detected")
     security = {_SECURITY_KEYS[k]: values.pop(k) for k in list(values) if k in _SECURITY_KEYS}
+    token = values.pop("sharedaccesssignature", None)
+    if token is not None:
+        if "sasl.username" in security:
+            raise ConnectionStringError(
+                "a connection string has either SharedAccessSignature or "
+                "SharedAccessKeyName/SharedAccessKey (SaslUsername/SaslPassword), not both")
+        security.update({"sasl.username": sas_key_name(token), "sasl.password": token})
     if "sasl.username" in security:
         security.setdefault("sasl.mechanism", "PLAIN")
         security.setdefault("security.protocol", "SASL_PLAINTEXT")
