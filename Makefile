@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-scale bench-topics bench-sessions bench-pairing lint clean java chromium maven
+.PHONY: demo test bench bench-scale bench-topics bench-sessions bench-pairing bench-aio lint clean java chromium maven
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,12 @@ bench-sessions: $(STAMP) java maven
 # paused (SIGSTOP) and back (SIGCONT), with the syphon moving the backlog home
 bench-pairing: $(STAMP) java maven
 	$(BIN)/python -m bench.pairing --broker $(BROKER) $(ARGS)
+
+# make bench-aio [BROKER=embedded|kafka] [ARGS="--messages 50000"]: settlement.aio's
+# 1,000 concurrent await complete_message, beside the sync batched peek-lock and
+# raw Kafka consume on the same broker
+bench-aio: $(STAMP) java maven
+	$(BIN)/python -m bench.aio --broker $(BROKER) $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

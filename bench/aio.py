@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.measure import CpuMeter, Phase, Timed
+from bench.measure import CpuMeter, Phase, Timed, percentile
 from bench.run import (
     LOCK_SECONDS,
     RESULTS_DIR,
@@ -70,9 +70,8 @@ async def concurrent_completes(conn: str, queue: str, ids: list[str], concurrenc
     received: Counter[str] = Counter()
     settled: Counter[str] = Counter()
     failures: list[str] = []
-    settle_s = 0.0
+    round_s: list[float] = []
     cpu: dict[str, float] = {}
-    rounds = 0
     started = time.perf_counter()
     async with aio.ServiceBusClient.from_connection_string(conn) as client:
         async with client.get_queue_receiver(queue) as receiver:
@@ -91,9 +90,8 @@ async def concurrent_completes(conn: str, queue: str, ids: list[str], concurrenc
                 with Timed(meter) as t:
                     results = await asyncio.gather(
                         *(receiver.complete_message(m) for m in batch), return_exceptions=True)
-                settle_s += t.seconds
+                round_s.append(t.seconds)
                 cpu = t.cpu  # the last round's: rounds are alike
-                rounds += 1
                 for message, result in zip(batch, results, strict=True):
                     if result is None:
                         settled[message.message_id] += 1
@@ -108,9 +106,11 @@ async def concurrent_completes(conn: str, queue: str, ids: list[str], concurrenc
     if failures:
         check["failure_sample"] = failures[:3]
     return Phase("aio_concurrent_complete",
-                 f"aio: {concurrency:,} concurrent await complete_message", len(ids), settle_s,
+                 f"aio: {concurrency:,} concurrent await complete_message", len(ids), sum(round_s),
                  cpu=cpu, check=check,
-                 extra={"rounds": rounds, "engine_commands": commands,
+                 extra={"rounds": len(round_s), "engine_commands": commands,
+                        "round_ms_p50": round(percentile(round_s, 50) * 1000, 1),
+                        "round_ms_best": round(min(round_s, default=0) * 1000, 1),
                         "settles_per_command": round(len(ids) / max(commands, 1), 1),
                         "receive_and_complete_rate": round(len(ids) / end_to_end, 1)})
 
@@ -136,7 +136,8 @@ def render(result: dict[str, Any]) -> str:
         f"  aio receive({result['concurrency']:,}) + concurrent completes, end to end: "
         f"{a['receive_and_complete_rate']:,.0f} msg/s",
         f"  engine commands for {a['messages']:,} completes: {a['engine_commands']} "
-        f"({a['settles_per_command']:,} settles each)",
+        f"({a['settles_per_command']:,} settles each); a round of {result['concurrency']:,} "
+        f"completes: median {a['round_ms_p50']} ms, best {a['round_ms_best']} ms",
         f"  target >= {TARGET:,} msg/s: {'met' if a['rate'] >= TARGET else 'MISSED'}; "
         f"exactly once: {'ok' if a['check']['ok'] else 'FAILED ' + str(a['check'])}",
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from settlement.aio._offload import Offloader
@@ -10,6 +11,7 @@ from settlement.aio._receiver import ServiceBusReceiver
 from settlement.aio._sender import ServiceBusSender
 from settlement.aio._settle_groups import SettleGroups
 from settlement.client import ServiceBusClient as SyncClient
+from settlement.receiver import ServiceBusReceiver as SyncReceiver
 
 
 class ServiceBusClient:
@@ -53,16 +55,20 @@ class ServiceBusClient:
     def get_queue_receiver(self, queue_name: str, **kwargs: Any) -> ServiceBusReceiver:
         """An asyncio receiver; the keywords are
         :meth:`settlement.ServiceBusClient.get_queue_receiver`'s."""
-        return ServiceBusReceiver(
-            functools.partial(self._sync.get_queue_receiver, queue_name, **kwargs),
-            self._offload, self._settles, session=kwargs.get("session_id") is not None)
+        return self._receiver(functools.partial(self._sync.get_queue_receiver, queue_name),
+                              kwargs)
 
     def get_subscription_receiver(self, topic_name: str, subscription_name: str,
                                   **kwargs: Any) -> ServiceBusReceiver:
-        return ServiceBusReceiver(
-            functools.partial(self._sync.get_subscription_receiver, topic_name,
-                              subscription_name, **kwargs),
-            self._offload, self._settles, session=kwargs.get("session_id") is not None)
+        return self._receiver(functools.partial(self._sync.get_subscription_receiver,
+                                                topic_name, subscription_name), kwargs)
+
+    def _receiver(self, make: Callable[..., SyncReceiver], kwargs: dict[str, Any]
+                  ) -> ServiceBusReceiver:
+        renewer = kwargs.pop("auto_lock_renewer", None)
+        return ServiceBusReceiver(functools.partial(make, **kwargs), self._offload,
+                                  self._settles, session=kwargs.get("session_id") is not None,
+                                  auto_lock_renewer=renewer)
 
     async def list_queue_sessions(self, queue_name: str, **kwargs: Any) -> list[str]:
         return await self._offload.run(self._sync.list_queue_sessions, queue_name, **kwargs)

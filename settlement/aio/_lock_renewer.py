@@ -14,9 +14,11 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from settlement._session import ServiceBusSession as SyncSession
 from settlement.aio._receiver import ServiceBusReceiver, ServiceBusSession
 from settlement.lock_renewer import AutoLockRenewer as SyncRenewer
 from settlement.message import ServiceBusReceivedMessage
+from settlement.receiver import ServiceBusReceiver as SyncReceiver
 
 AsyncFailureCallback = Callable[[Any, Exception | None], Awaitable[None] | None]
 
@@ -47,15 +49,29 @@ class AutoLockRenewer:
         if sync_renewable is None:
             raise ValueError("the session is not locked yet: register receiver.session "
                              "inside 'async with receiver:'")
+        self._register(asyncio.get_running_loop(), receiver._opened(), sync_renewable, renewable,
+                       max_lock_renewal_duration, on_lock_renew_failure)
+
+    def _register(self, loop: asyncio.AbstractEventLoop, receiver: SyncReceiver,
+                  renewable: ServiceBusReceivedMessage | SyncSession, shown: Any,
+                  max_lock_renewal_duration: float | None,
+                  on_lock_renew_failure: AsyncFailureCallback | None) -> None:
+        """Register with the sync renewer; its failures reach ``loop``, with
+        ``shown`` (what the application knows) as the renewable."""
         callback = on_lock_renew_failure or self._on_failure
-        loop = asyncio.get_running_loop()
 
         def failed(_: Any, error: Exception | None) -> None:  # on the renewer's thread
             if callback is not None:
-                loop.call_soon_threadsafe(self._report, callback, renewable, error)
+                loop.call_soon_threadsafe(self._report, callback, shown, error)
 
-        self._sync.register(receiver._opened(), sync_renewable, max_lock_renewal_duration,
+        self._sync.register(receiver, renewable, max_lock_renewal_duration,
                             on_lock_renew_failure=failed)
+
+    def _for_receiver(self, receiver: ServiceBusReceiver, loop: asyncio.AbstractEventLoop
+                      ) -> _ReceiverRenewals:
+        """What the sync receiver under ``receiver`` takes as its
+        ``auto_lock_renewer`` (``get_queue_receiver(..., auto_lock_renewer=...)``)."""
+        return _ReceiverRenewals(self, receiver, loop)
 
     def _report(self, callback: AsyncFailureCallback, renewable: Any,
                 error: Exception | None) -> None:
@@ -76,3 +92,21 @@ class AutoLockRenewer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class _ReceiverRenewals:
+    """The ``auto_lock_renewer`` of a sync receiver under an asyncio one: it
+    registers each message it receives (or its session, once locked) on a
+    worker thread; failures reach the application's loop with the asyncio
+    receiver's ``session``."""
+
+    def __init__(self, renewer: AutoLockRenewer, receiver: ServiceBusReceiver,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._renewer = renewer
+        self._receiver = receiver
+        self._loop = loop
+
+    def register(self, receiver: SyncReceiver,
+                 renewable: ServiceBusReceivedMessage | SyncSession) -> None:
+        shown = self._receiver.session if isinstance(renewable, SyncSession) else renewable
+        self._renewer._register(self._loop, receiver, renewable, shown, None, None)

@@ -27,9 +27,11 @@ class ServiceBusReceiver:
     entity up, locks its session) on ``async with`` or its first call, as
     the SDK's does, so creating one never blocks the event loop."""
 
-    def __init__(self, make: Callable[[], SyncReceiver], offload: Offloader,
-                 settles: SettleGroups, *, session: bool) -> None:
+    def __init__(self, make: Callable[..., SyncReceiver], offload: Offloader,
+                 settles: SettleGroups, *, session: bool,
+                 auto_lock_renewer: Any = None) -> None:
         self._make = make
+        self._renewer = auto_lock_renewer
         self._offload = offload
         self._settles = settles
         self._sync: SyncReceiver | None = None
@@ -41,10 +43,20 @@ class ServiceBusReceiver:
         if self._sync is None:
             async with self._opening:
                 if self._sync is None:
-                    receiver = await self._offload.run(self._make)
+                    receiver = await self._offload.run(self._make, **self._renewal())
                     await self._offload.run(receiver._open)
                     self._sync = receiver
         return self._sync
+
+    def _renewal(self) -> dict[str, Any]:
+        """The sync receiver's ``auto_lock_renewer``: an asyncio renewer is
+        adapted to report its failures to this event loop."""
+        from settlement.aio._lock_renewer import AutoLockRenewer  # it builds on this module
+
+        renewer = self._renewer
+        if isinstance(renewer, AutoLockRenewer):
+            renewer = renewer._for_receiver(self, asyncio.get_running_loop())
+        return {} if renewer is None else {"auto_lock_renewer": renewer}
 
     def _opened(self) -> SyncReceiver:
         if self._sync is None:
