@@ -15,6 +15,8 @@ DEFAULT_LOCK = dt.timedelta(seconds=60)
 MAX_LOCK = dt.timedelta(minutes=5)
 DEFAULT_TTL = dt.timedelta(days=10675199)  # Service Bus's "never" (TimeSpan.MaxValue)
 DEFAULT_DUPLICATE_WINDOW = dt.timedelta(minutes=10)
+#: Service Bus's shortest ``auto_delete_on_idle``; its default is "never" (DEFAULT_TTL)
+MIN_AUTO_DELETE_ON_IDLE = dt.timedelta(minutes=5)
 PARTITIONED_COUNT = 4
 
 
@@ -37,6 +39,10 @@ class QueueProperties:
     max_size_in_megabytes: int = 1024
     enable_partitioning: bool = False
     partition_count: int = 1
+    #: deleted by the engine (definition and log) once idle this long: no
+    #: sends, receives, settlements or changes (:mod:`streams.idle_deleter`)
+    auto_delete_on_idle: dt.timedelta = DEFAULT_TTL
+    user_metadata: str | None = None
     created_at_utc: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
     updated_at_utc: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
 
@@ -143,6 +149,10 @@ class QueueRuntimeProperties:
     locked_message_count: int = 0
     size_in_bytes: int = 0
     created_at_utc: dt.datetime | None = None
+    updated_at_utc: dt.datetime | None = None
+    #: the SDK's; not tracked here (the engine keeps its entities' last use
+    #: in memory, for auto_delete_on_idle): always None
+    accessed_at_utc: dt.datetime | None = None
 
     @property
     def total_message_count(self) -> int:

@@ -48,6 +48,9 @@ class TopicProperties:
     enable_partitioning: bool = False
     partition_count: int = 1
     support_ordering: bool = True
+    #: deleted by the engine, with its subscriptions, once idle this long
+    auto_delete_on_idle: dt.timedelta = DEFAULT_TTL
+    user_metadata: str | None = None
     created_at_utc: dt.datetime = field(default_factory=_now)
     updated_at_utc: dt.datetime = field(default_factory=_now)
 
@@ -83,6 +86,8 @@ class SubscriptionProperties:
     user_metadata: str | None = None
     partition_count: int = 1
     begin_offsets: list[int] = field(default_factory=list)
+    #: deleted by the engine once idle this long
+    auto_delete_on_idle: dt.timedelta = DEFAULT_TTL
     created_at_utc: dt.datetime = field(default_factory=_now)
     updated_at_utc: dt.datetime = field(default_factory=_now)
 
@@ -127,6 +132,7 @@ class TopicRuntimeProperties:
     scheduled_message_count: int = 0
     created_at_utc: dt.datetime | None = None
     updated_at_utc: dt.datetime | None = None
+    accessed_at_utc: dt.datetime | None = None
 
 
 @dataclass
@@ -143,6 +149,7 @@ class SubscriptionRuntimeProperties:
     locked_message_count: int = 0
     created_at_utc: dt.datetime | None = None
     updated_at_utc: dt.datetime | None = None
+    accessed_at_utc: dt.datetime | None = None
 
     @property
     def total_message_count(self) -> int:

@@ -3,25 +3,49 @@
 Every error says what went wrong and what to do. ``retryable`` tells whether
 the same call may succeed if tried again; ``error_code`` and ``tracking_id``
 identify a rejection as a Service Bus rejection would.
+
+The administration client raises what the SDK's raises, azure-core's HTTP
+errors: ``ResourceNotFoundError`` for a missing entity, ``ResourceExistsError``
+for an existing one, ``ClientAuthenticationError`` for a refused credential
+or a missing Manage right (Service Bus answers both 401). Rather than
+separate types for the administration client, the errors of those kinds
+subclass both their ``ServiceBusError`` and the azure-core class, so code
+written for either catches them (``except ResourceNotFoundError`` as in the
+SDK's samples, ``except MessagingEntityNotFoundError`` as before), and carry
+the HTTP status the SDK's would (``status_code``).
 """
 
 from __future__ import annotations
 
 import uuid
 
+from azure.core.exceptions import (
+    ClientAuthenticationError,
+    ResourceExistsError,
+    ResourceNotFoundError,
+)
+
 
 class ServiceBusError(Exception):
     """Base of every error raised by the settlement layer."""
 
     retryable_default = False
+    #: the HTTP status of the SDK's azure-core error of the same kind, if any
+    _status_code: int | None = None
 
     def __init__(self, message: str, *, error_code: str | None = None,
                  tracking_id: str | None = None, retryable: bool | None = None) -> None:
-        self.error_code = error_code or type(self).__name__
-        self.tracking_id = tracking_id or uuid.uuid4().hex
+        error_code = error_code or type(self).__name__
+        tracking_id = tracking_id or uuid.uuid4().hex
+        # First: azure-core's __init__ (of the errors that are also one) sets
+        # ``message`` and ``status_code`` itself.
+        super().__init__(f"{message} (error: {error_code}, tracking id: {tracking_id})")
+        self.error_code = error_code
+        self.tracking_id = tracking_id
         self.retryable = self.retryable_default if retryable is None else retryable
         self.message = message
-        super().__init__(f"{message} (error: {self.error_code}, tracking id: {self.tracking_id})")
+        if self._status_code is not None:
+            self.status_code = self._status_code
 
 
 class ServiceBusConnectionError(ServiceBusError):
@@ -59,14 +83,22 @@ ServerBusyError = ServiceBusServerBusyError
 QuotaExceededError = ServiceBusQuotaExceededError
 
 
-class ServiceBusAuthorizationError(ServiceBusError):
+class ServiceBusAuthorizationError(ServiceBusError, ClientAuthenticationError):
     """The principal lacks the right (Send, Listen or Manage) for what it asked,
-    or asked for what only the engine itself may do."""
+    or asked for what only the engine itself may do. Also azure-core's
+    ``ClientAuthenticationError``: what the SDK's administration client raises
+    (Service Bus answers 401 to a missing Manage claim)."""
+
+    _status_code = 401
 
 
-class ServiceBusAuthenticationError(ServiceBusError):
+class ServiceBusAuthenticationError(ServiceBusError, ClientAuthenticationError):
     """The broker did not accept the connection's credentials: a wrong key
-    name or key, or a shared access signature that is invalid or expired."""
+    name or key, or a shared access signature that is invalid or expired.
+    Also azure-core's ``ClientAuthenticationError``, as the SDK's
+    administration client raises."""
+
+    _status_code = 401
 
 
 #: librdkafka error names of a refusal by the broker's authorizer
@@ -120,12 +152,19 @@ class MessageNotFoundError(ServiceBusError):
     pass
 
 
-class MessagingEntityNotFoundError(ServiceBusError):
-    """The queue does not exist in this namespace."""
+class MessagingEntityNotFoundError(ServiceBusError, ResourceNotFoundError):
+    """The entity (queue, topic, subscription or rule) does not exist in this
+    namespace. Also azure-core's ``ResourceNotFoundError``, which the SDK's
+    administration client raises."""
+
+    _status_code = 404
 
 
-class MessagingEntityAlreadyExistsError(ServiceBusError):
-    pass
+class MessagingEntityAlreadyExistsError(ServiceBusError, ResourceExistsError):
+    """An entity of that name exists already. Also azure-core's
+    ``ResourceExistsError``, which the SDK's administration client raises."""
+
+    _status_code = 409
 
 
 class InvalidOperationError(ServiceBusError):

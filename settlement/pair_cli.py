@@ -83,7 +83,8 @@ def cmd_pair_status(args: argparse.Namespace, primary_conn: str) -> int:
 def print_status(primary_namespace: str, secondary: ConnectionSettings,
                  count: int | None = None) -> None:
     """The two tables of ``settlement pair status`` (the demo prints them too)."""
-    with ServiceBusAdministrationClient(secondary) as admin:  # fails first if it is away
+    # fails first if the secondary is away
+    with ServiceBusAdministrationClient._from_settings(secondary) as admin:
         depths = backlog_depths(admin, primary_namespace, count)
     statuses = read_status(secondary, primary_namespace)
     where = f"namespace {secondary.namespace!r} at {secondary.bootstrap_servers}"

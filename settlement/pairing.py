@@ -188,7 +188,7 @@ class Pairing:
         """Find or create the backlog queues; report how many of each."""
         from settlement.management import ServiceBusAdministrationClient
 
-        with ServiceBusAdministrationClient(self.secondary) as admin:
+        with ServiceBusAdministrationClient._from_settings(self.secondary) as admin:
             existing = {q.name for q in admin.list_queues()}
             missing = [q for q in self.queues if q not in existing]
             for queue in missing:

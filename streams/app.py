@@ -112,6 +112,7 @@ assert (headers.name, entries.name) == specs.ENGINE_TABLES
 
 from streams import (  # noqa: E402,F401  (registers them)
     command_agent,
+    idle_deleter,
     lock_timer,
     log_trimmer,
     scan_timer,

@@ -69,6 +69,8 @@ _written: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
 _followed: list[Definitions] = []
 #: called (in a thread) with the key of each window the engine forgets
 on_window_dropped: list[Callable[[str], None]] = []
+#: called with each client command admitted (not the engine's own operations)
+on_client_command: list[Callable[[Command], None]] = []
 #: the namespace's limit of commands per second, as this worker applies it
 _throttle = CommandThrottle()
 #: commands and the engine's own operations, one at a time (they share windows)
@@ -122,6 +124,8 @@ async def _handle(event: EventT) -> None:
         return
     if not _admitted(cmd):
         return
+    for hook in on_client_command:
+        hook(cmd)
     async with _one_at_a_time:
         await _execute(cmd, partition, int(event.message.timestamp * 1000))
 

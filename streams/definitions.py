@@ -73,6 +73,10 @@ class Definitions:
         """``(version, policy)`` of a queue, None if no definition was read."""
         return self._policies.get(name)
 
+    def entities(self) -> dict[str, Definition]:
+        """Every definition read, by key (queues, topics, subscriptions, rules)."""
+        return dict(self._definitions)
+
     def rules(self, name: str) -> RuleSet | None:
         """A subscription's rules, compiled once per policy version (None: a
         queue, or a subscription whose rules cannot be compiled)."""

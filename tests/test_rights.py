@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from azure.core.credentials import AzureNamedKeyCredential
+from azure.core.exceptions import ClientAuthenticationError
 from confluent_kafka.admin import AdminClient
 
 from settlement import ServiceBusClient, ServiceBusMessage
@@ -105,6 +107,22 @@ def test_only_manage_creates_and_deletes(secured: KafkaCluster) -> None:
     manager = admin_as(secured, "manager")
     assert {"orders", "payments"} <= {q.name for q in manager.list_queues()}
     manager.close()
+
+
+def test_the_sdks_admin_constructor_signs_in_with_a_named_key(secured: KafkaCluster) -> None:
+    """``ServiceBusAdministrationClient(namespace, credential)``; a refusal is
+    azure-core's ClientAuthenticationError, as the SDK's client raises."""
+    namespace = f"{secured.bootstrap}/{NS}"
+    manager = ServiceBusAdministrationClient(
+        namespace, AzureNamedKeyCredential("manager", USERS["manager"]))
+    assert "orders" in {q.name for q in manager.list_queues()}
+    manager.close()
+    for key_name, key in (("listener", USERS["listener"]), ("manager", "wrong key")):
+        admin = ServiceBusAdministrationClient(namespace, AzureNamedKeyCredential(key_name, key))
+        with pytest.raises(ClientAuthenticationError) as refused:
+            admin.create_queue("made-with-a-credential")
+        assert refused.value.status_code == 401
+        admin.close()
 
 
 def test_a_principal_of_another_namespace_sees_nothing(secured: KafkaCluster) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -10,6 +11,7 @@ from confluent_kafka.admin import AdminClient
 
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
+from settlement._keywords import refuse
 from settlement._namespace import NAMESPACE_KEY, NamespaceProperties
 from settlement._properties import (
     QueueProperties,
@@ -27,15 +29,20 @@ from settlement.exceptions import (
     denied,
 )
 from settlement.management._queue_size import queue_size_in_bytes
-from settlement.management._topics import TopicAdministration, updated
+from settlement.management._topics import TopicAdministration, name_of, updated
 from settlement.management._validation import (
-    as_timedeltas,
+    overridden,
     positive_or_none,
+    sdk_options,
     validated,
     validated_log,
 )
 from topics import names, specs
-from topics.connection import ConnectionSettings, parse_connection_string
+from topics.connection import (
+    ConnectionSettings,
+    parse_connection_string,
+    settings_from_credential,
+)
 
 log = logging.getLogger(__name__)
 #: how long runtime counts wait for the log scanner to reach the log end
@@ -43,22 +50,49 @@ log = logging.getLogger(__name__)
 
 class ServiceBusAdministrationClient(TopicAdministration):
     """Administration of queues (here) and of topics, subscriptions and
-    rules (:class:`TopicAdministration`), over Kafka topics and the engine."""
+    rules (:class:`TopicAdministration`), over Kafka topics and the engine.
 
-    def __init__(self, settings: ConnectionSettings) -> None:
+    As the SDK's: ``ServiceBusAdministrationClient(fully_qualified_namespace,
+    credential)`` with an ``AzureNamedKeyCredential`` or ``AzureSasCredential``
+    (:func:`topics.connection.settings_from_credential`), or
+    :meth:`from_connection_string`. Its errors are the SDK's azure-core ones
+    (:mod:`settlement.exceptions`). Every keyword of the SDK's methods is
+    honoured or refused with a ``TypeError`` saying why."""
+
+    def __init__(self, fully_qualified_namespace: str, credential: Any, **kwargs: Any
+                 ) -> None:
+        # api_version, and azure-core's HTTP pipeline options, have no
+        # meaning over Kafka: refused, with the others.
+        refuse("ServiceBusAdministrationClient", kwargs)
+        self._open(settings_from_credential(fully_qualified_namespace, credential))
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, **kwargs: Any
+                               ) -> ServiceBusAdministrationClient:
+        refuse("from_connection_string", kwargs)
+        return cls._from_settings(parse_connection_string(conn_str))
+
+    @classmethod
+    def _from_settings(cls, settings: ConnectionSettings) -> ServiceBusAdministrationClient:
+        """For the package's own callers, which hold parsed settings."""
+        client = cls.__new__(cls)
+        client._open(settings)
+        return client
+
+    def _open(self, settings: ConnectionSettings) -> None:
         self._settings = settings
         self._admin = AdminClient(settings.kafka_config())
         self._registry = EntityRegistry(settings)
         self._link: EngineLink | None = None
 
-    @classmethod
-    def from_connection_string(cls, conn_str: str, **_: Any) -> ServiceBusAdministrationClient:
-        return cls(parse_connection_string(conn_str))
-
     def create_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
-        """Create the queue's log and definition; raise if it exists."""
+        """Create the queue's log and definition; raise ``ResourceExistsError``
+        (:class:`MessagingEntityAlreadyExistsError`) if a queue or topic of
+        that name exists. Takes the SDK's options; ``partition_count`` too."""
         names.validate_entity(queue_name)
-        props = validated_log(validated(QueueProperties(queue_name, **as_timedeltas(kwargs))))
+        options = sdk_options("create_queue", QueueProperties, kwargs)
+        props = validated_log(validated(QueueProperties(queue_name, **options)))
+        props.updated_at_utc = props.created_at_utc
         self._provision(specs.namespace_topics(self._settings.namespace))
         if self._registry.exists(queue_name):
             raise MessagingEntityAlreadyExistsError(
@@ -70,18 +104,21 @@ class ServiceBusAdministrationClient(TopicAdministration):
                              self._registry.put(props, queue_name))
         return props
 
-    def update_queue(self, queue: QueueProperties, **_: Any) -> None:
+    def update_queue(self, queue: QueueProperties | Mapping[str, Any], **kwargs: Any) -> None:
         """Change a queue's settings: lock duration, max delivery count, time
-        to live, duplicate detection window, forwarding. New locks follow the
-        new lock duration at once, for every client; the partition count and
-        whether the queue needs sessions cannot change."""
-        current = self._registry.get(queue.name, fresh=True)
-        props = validated_log(validated(updated(current, queue, "queue")))
-        self._engine_follows(queue.name, props.partition_count,
-                             self._registry.put(props, queue.name))
+        to live, duplicate detection window, forwarding, auto delete on idle;
+        ``kwargs`` (the SDK's ``<property>=<value>``) over ``queue``'s. New
+        locks follow the new lock duration at once, for every client; the
+        partition count and whether the queue needs sessions cannot change."""
+        current = self._registry.get(name_of(queue), fresh=True)
+        wanted = overridden("update_queue", current, queue, kwargs)
+        props = validated_log(validated(updated(current, wanted, "queue")))
+        self._engine_follows(props.name, props.partition_count,
+                             self._registry.put(props, props.name))
 
-    def get_namespace_properties(self) -> NamespaceProperties:
+    def get_namespace_properties(self, **kwargs: Any) -> NamespaceProperties:
         """The namespace's settings: its limit of engine commands per second."""
+        refuse("get_namespace_properties", kwargs)
         return self._registry.namespace_properties()
 
     def update_namespace_properties(self, *, max_commands_per_second: int | None
@@ -130,16 +167,23 @@ class ServiceBusAdministrationClient(TopicAdministration):
                 raise ServiceBusError(f"the engine refused to read the definition of {name!r}: "
                                       f"{reply.error_message}", error_code=reply.error_code)
 
-    def get_queue(self, queue_name: str) -> QueueProperties:
+    def get_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
+        refuse("get_queue", kwargs)
         return self._registry.get(queue_name, fresh=True)
 
-    def list_queues(self) -> list[QueueProperties]:
+    def list_queues(self, **kwargs: Any) -> list[QueueProperties]:
+        refuse("list_queues", kwargs)
         return sorted(self._registry.load().values(), key=lambda q: q.name)
 
-    def delete_queue(self, queue_name: str) -> None:
+    def list_queues_runtime_properties(self, **kwargs: Any) -> list[QueueRuntimeProperties]:
+        refuse("list_queues_runtime_properties", kwargs)
+        return [self.get_queue_runtime_properties(q.name) for q in self.list_queues()]
+
+    def delete_queue(self, queue_name: str, **kwargs: Any) -> None:
         """Delete the queue's definition and its log. The engine forgets the
         queue's windows once it reads the deletion (a client cannot make it
         forget them); this waits until it has."""
+        refuse("delete_queue", kwargs)
         props = self._registry.get(queue_name, fresh=True)
         self._engine_follows(queue_name, props.partition_count,
                              self._registry.put(None, queue_name))
@@ -148,18 +192,22 @@ class ServiceBusAdministrationClient(TopicAdministration):
         for fut in futures.values():
             fut.result()
 
-    def list_queue_sessions_runtime_properties(self, queue_name: str, **_: Any
+    def list_queue_sessions_runtime_properties(self, queue_name: str, **kwargs: Any
                                                ) -> list[SessionRuntimeProperties]:
         """Each session of a session-enabled queue: its active message count,
         whether it is locked and until when, and its state's size (what the
         SDK's ``list_queue_sessions`` ids leave out)."""
+        refuse("list_queue_sessions_runtime_properties", kwargs)
         props = self._registry.get(queue_name, fresh=True)
         return list(list_sessions(self._engine(), props))
 
-    def get_queue_runtime_properties(self, queue_name: str) -> QueueRuntimeProperties:
+    def get_queue_runtime_properties(self, queue_name: str, **kwargs: Any
+                                     ) -> QueueRuntimeProperties:
         """Counts from the engine, against the log ends."""
+        refuse("get_queue_runtime_properties", kwargs)
         props = self._registry.get(queue_name, fresh=True)
-        runtime = QueueRuntimeProperties(queue_name, created_at_utc=props.created_at_utc)
+        runtime = QueueRuntimeProperties(queue_name, created_at_utc=props.created_at_utc,
+                                         updated_at_utc=props.updated_at_utc)
         self._count_into(runtime, props)
         return runtime
 

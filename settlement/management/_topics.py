@@ -13,10 +13,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer
 
+from settlement._keywords import refuse
 from settlement._rules import RuleFilter, RuleProperties, SqlRuleAction, TrueRuleFilter
 from settlement._session_listing import SessionRuntimeProperties, list_sessions
 from settlement._topic_properties import (
@@ -26,7 +28,13 @@ from settlement._topic_properties import (
     TopicRuntimeProperties,
 )
 from settlement.exceptions import MessagingEntityAlreadyExistsError
-from settlement.management._validation import as_timedeltas, validated, validated_log
+from settlement.management._validation import (
+    as_timedeltas,
+    overridden,
+    sdk_options,
+    validated,
+    validated_log,
+)
 from topics import names, specs
 from topics.offsets import log_end_offsets
 from topics.rule_set import DEFAULT_RULE, RuleSet
@@ -67,7 +75,9 @@ class TopicAdministration:
         """Create the topic's log and definition; raise if a queue or topic
         of that name exists."""
         names.validate_entity(topic_name)
-        props = validated_log(TopicProperties(topic_name, **as_timedeltas(kwargs)))
+        options = sdk_options("create_topic", TopicProperties, kwargs)
+        props = validated_log(TopicProperties(topic_name, **options))
+        props.updated_at_utc = props.created_at_utc
         self._provision(specs.namespace_topics(self._settings.namespace))
         self._refuse_existing(topic_name, "get_topic, or delete_topic first")
         self._provision(specs.entity_topics(self._settings.namespace, topic_name,
@@ -75,23 +85,32 @@ class TopicAdministration:
         self._registry.put(props, topic_name)
         return props
 
-    def get_topic(self, topic_name: str, **_: Any) -> TopicProperties:
+    def get_topic(self, topic_name: str, **kwargs: Any) -> TopicProperties:
+        refuse("get_topic", kwargs)
         return self._registry.get_topic(topic_name, fresh=True)
 
-    def list_topics(self, **_: Any) -> list[TopicProperties]:
+    def list_topics(self, **kwargs: Any) -> list[TopicProperties]:
+        refuse("list_topics", kwargs)
         return sorted(self._registry.topics().values(), key=lambda t: t.name)
 
-    def update_topic(self, topic: TopicProperties, **_: Any) -> None:
-        """Change a topic's time to live, duplicate detection and size
-        limits; its subscriptions follow at once."""
-        current = self._registry.get_topic(topic.name, fresh=True)
-        props = validated_log(updated(current, topic, "topic"))
-        version = self._registry.put(props, topic.name)
-        for sub in self._registry.subscriptions_of(topic.name):
+    def list_topics_runtime_properties(self, **kwargs: Any) -> list[TopicRuntimeProperties]:
+        refuse("list_topics_runtime_properties", kwargs)
+        return [self.get_topic_runtime_properties(t.name) for t in self.list_topics()]
+
+    def update_topic(self, topic: TopicProperties | Mapping[str, Any], **kwargs: Any) -> None:
+        """Change a topic's time to live, duplicate detection, size limits and
+        auto delete on idle (``kwargs`` over ``topic``'s, as in the SDK); its
+        subscriptions follow at once."""
+        current = self._registry.get_topic(name_of(topic), fresh=True)
+        wanted = overridden("update_topic", current, topic, kwargs)
+        props = validated_log(updated(current, wanted, "topic"))
+        version = self._registry.put(props, props.name)
+        for sub in self._registry.subscriptions_of(props.name):
             self._engine_follows(sub.path, sub.partition_count, version)
 
-    def delete_topic(self, topic_name: str, **_: Any) -> None:
+    def delete_topic(self, topic_name: str, **kwargs: Any) -> None:
         """Delete the topic, its subscriptions and their rules, and its log."""
+        refuse("delete_topic", kwargs)
         self._registry.get_topic(topic_name, fresh=True)
         for sub in self._registry.subscriptions_of(topic_name):
             self.delete_subscription(topic_name, sub.name)
@@ -100,9 +119,11 @@ class TopicAdministration:
         for fut in self._admin.delete_topics([log_topic]).values():
             fut.result()
 
-    def get_topic_runtime_properties(self, topic_name: str, **_: Any) -> TopicRuntimeProperties:
+    def get_topic_runtime_properties(self, topic_name: str, **kwargs: Any
+                                     ) -> TopicRuntimeProperties:
         """The topic's subscription count; its scheduled messages are those of
         the subscription holding most (each subscription parks its own)."""
+        refuse("get_topic_runtime_properties", kwargs)
         props = self._registry.get_topic(topic_name, fresh=True)
         subs = [self.get_subscription_runtime_properties(topic_name, s.name)
                 for s in self._registry.subscriptions_of(topic_name)]
@@ -116,6 +137,7 @@ class TopicAdministration:
                             ) -> SubscriptionProperties:
         """Create a subscription with the ``$Default`` rule (a true filter).
         It gets what is published from now on, not the topic's history."""
+        options = sdk_options("create_subscription", SubscriptionProperties, kwargs)
         topic = self._registry.get_topic(topic_name, fresh=True)
         path = names.subscription_path(topic_name, subscription_name)
         if path in self._registry.load_all():
@@ -125,31 +147,47 @@ class TopicAdministration:
         begin = self._log_ends(topic_name, topic.partition_count)
         props = validated(SubscriptionProperties(
             subscription_name, topic_name=topic_name, partition_count=topic.partition_count,
-            begin_offsets=begin, **as_timedeltas(kwargs)))
+            begin_offsets=begin, **options))
+        props.updated_at_utc = props.created_at_utc
         self._registry.put(RuleProperties(DEFAULT_RULE, TrueRuleFilter()),
                            names.rule_key(topic_name, subscription_name, DEFAULT_RULE))
         self._engine_follows(path, props.partition_count, self._registry.put(props, path))
         return props
 
-    def get_subscription(self, topic_name: str, subscription_name: str, **_: Any
+    def get_subscription(self, topic_name: str, subscription_name: str, **kwargs: Any
                          ) -> SubscriptionProperties:
+        refuse("get_subscription", kwargs)
         return self._registry.get_subscription(topic_name, subscription_name, fresh=True)
 
-    def list_subscriptions(self, topic_name: str, **_: Any) -> list[SubscriptionProperties]:
+    def list_subscriptions(self, topic_name: str, **kwargs: Any
+                           ) -> list[SubscriptionProperties]:
+        refuse("list_subscriptions", kwargs)
         self._registry.get_topic(topic_name, fresh=True)
         return self._registry.subscriptions_of(topic_name)
 
-    def update_subscription(self, topic_name: str, subscription: SubscriptionProperties,
-                            **_: Any) -> None:
+    def list_subscriptions_runtime_properties(self, topic_name: str, **kwargs: Any
+                                              ) -> list[SubscriptionRuntimeProperties]:
+        refuse("list_subscriptions_runtime_properties", kwargs)
+        return [self.get_subscription_runtime_properties(topic_name, s.name)
+                for s in self.list_subscriptions(topic_name)]
+
+    def update_subscription(self, topic_name: str,
+                            subscription: SubscriptionProperties | Mapping[str, Any],
+                            **kwargs: Any) -> None:
         """Change a subscription's lock duration, delivery count, time to
-        live, dead-lettering and forwarding; new locks follow at once."""
-        current = self._registry.get_subscription(topic_name, subscription.name, fresh=True)
-        props = validated(updated(current, subscription, "subscription"))
+        live, dead-lettering, forwarding and auto delete on idle (``kwargs``
+        over ``subscription``'s, as in the SDK); new locks follow at once."""
+        current = self._registry.get_subscription(topic_name, name_of(subscription),
+                                                  fresh=True)
+        wanted = overridden("update_subscription", current, subscription, kwargs)
+        props = validated(updated(current, wanted, "subscription"))
         self._engine_follows(current.path, current.partition_count,
                              self._registry.put(props, current.path))
 
-    def delete_subscription(self, topic_name: str, subscription_name: str, **_: Any) -> None:
+    def delete_subscription(self, topic_name: str, subscription_name: str, **kwargs: Any
+                            ) -> None:
         """Delete a subscription and its rules; the engine forgets its windows."""
+        refuse("delete_subscription", kwargs)
         props = self._registry.get_subscription(topic_name, subscription_name, fresh=True)
         for rule in self._registry.rules_of(topic_name, subscription_name):
             self._registry.put(None, names.rule_key(topic_name, subscription_name, rule.name))
@@ -157,15 +195,17 @@ class TopicAdministration:
                              self._registry.put(None, props.path))
 
     def list_subscription_sessions_runtime_properties(
-            self, topic_name: str, subscription_name: str, **_: Any
+            self, topic_name: str, subscription_name: str, **kwargs: Any
     ) -> list[SessionRuntimeProperties]:
         """Each session of a session-enabled subscription: its active message
         count, whether it is locked and until when, its state's size."""
+        refuse("list_subscription_sessions_runtime_properties", kwargs)
         props = self._registry.get_subscription(topic_name, subscription_name, fresh=True)
         return list(list_sessions(self._engine(), props))
 
     def get_subscription_runtime_properties(self, topic_name: str, subscription_name: str,
-                                            **_: Any) -> SubscriptionRuntimeProperties:
+                                            **kwargs: Any) -> SubscriptionRuntimeProperties:
+        refuse("get_subscription_runtime_properties", kwargs)
         props = self._registry.get_subscription(topic_name, subscription_name, fresh=True)
         runtime = SubscriptionRuntimeProperties(subscription_name,
                                                 created_at_utc=props.created_at_utc,
@@ -176,9 +216,10 @@ class TopicAdministration:
     # ------------------------------------------------------------------- rules
     def create_rule(self, topic_name: str, subscription_name: str, rule_name: str, *,
                     filter: RuleFilter | None = None,  # noqa: A002 (the SDK's name)
-                    action: SqlRuleAction | None = None, **_: Any) -> RuleProperties:
+                    action: SqlRuleAction | None = None, **kwargs: Any) -> RuleProperties:
         """Add a rule; a message the subscription's rules match is delivered
         to it once. Invalid SQL is refused with the position of the error."""
+        refuse("create_rule", kwargs)
         sub = self._registry.get_subscription(topic_name, subscription_name, fresh=True)
         key = names.rule_key(topic_name, subscription_name, rule_name)
         if key in self._registry.load_all():
@@ -188,19 +229,22 @@ class TopicAdministration:
         self._engine_follows(sub.path, sub.partition_count, self._registry.put(rule, key))
         return rule
 
-    def get_rule(self, topic_name: str, subscription_name: str, rule_name: str, **_: Any
+    def get_rule(self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
                  ) -> RuleProperties:
+        refuse("get_rule", kwargs)
         return self._registry.get_rule(topic_name, subscription_name, rule_name, fresh=True)
 
-    def list_rules(self, topic_name: str, subscription_name: str, **_: Any
+    def list_rules(self, topic_name: str, subscription_name: str, **kwargs: Any
                    ) -> list[RuleProperties]:
+        refuse("list_rules", kwargs)
         self._registry.get_subscription(topic_name, subscription_name, fresh=True)
         return self._registry.rules_of(topic_name, subscription_name)
 
     def update_rule(self, topic_name: str, subscription_name: str, rule: RuleProperties,
-                    **_: Any) -> None:
+                    **kwargs: Any) -> None:
         """Replace a rule's filter and action: messages not yet evaluated
         follow the new rule."""
+        refuse("update_rule", kwargs)
         current = self._registry.get_rule(topic_name, subscription_name, rule.name, fresh=True)
         sub = self._registry.get_subscription(topic_name, subscription_name)
         updated = _compiled(RuleProperties(rule.name, rule.filter, rule.action,
@@ -208,8 +252,9 @@ class TopicAdministration:
         key = names.rule_key(topic_name, subscription_name, rule.name)
         self._engine_follows(sub.path, sub.partition_count, self._registry.put(updated, key))
 
-    def delete_rule(self, topic_name: str, subscription_name: str, rule_name: str, **_: Any
-                    ) -> None:
+    def delete_rule(self, topic_name: str, subscription_name: str, rule_name: str,
+                    **kwargs: Any) -> None:
+        refuse("delete_rule", kwargs)
         self._registry.get_rule(topic_name, subscription_name, rule_name, fresh=True)
         sub = self._registry.get_subscription(topic_name, subscription_name)
         key = names.rule_key(topic_name, subscription_name, rule_name)
@@ -246,6 +291,11 @@ def updated(current: Any, wanted: Any, kind: str) -> Any:
     values.update({name: getattr(current, name) for name in _FIXED if hasattr(current, name)})
     values["updated_at_utc"] = dt.datetime.now(dt.UTC)
     return type(current)(**as_timedeltas(values))
+
+
+def name_of(entity: Any) -> str:
+    """The name of properties, or of the dict the SDK's update calls also take."""
+    return str(entity["name"] if isinstance(entity, Mapping) else entity.name)
 
 
 def _compiled(rule: RuleProperties) -> RuleProperties:
