@@ -169,6 +169,7 @@ def test_admin_client_is_awaitable_and_lists_asynchronously(conn: str, queue_nam
             assert queue_name in [q.name async for q in admin.list_queues()]
             runtime = await admin.get_queue_runtime_properties(queue_name)
             assert runtime.active_message_count == 0
+            assert queue_name in [r.name async for r in admin.list_queues_runtime_properties()]
             await admin.delete_queue(queue_name)
             assert queue_name not in [q.name async for q in admin.list_queues()]
 

@@ -121,13 +121,13 @@ class ServiceBusReceiver:
     # ------------------------------------------------------------------ settle
     async def complete_message(self, message: ServiceBusReceivedMessage) -> None:
         """Complete ``message``; concurrent calls share one engine command."""
-        await self._settles.settle(await self._receiver(), message, "complete")
+        await self._settles.settle(self._sync or await self._receiver(), message, "complete")
 
     async def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
-        await self._settles.settle(await self._receiver(), message, "abandon")
+        await self._settles.settle(self._sync or await self._receiver(), message, "abandon")
 
     async def defer_message(self, message: ServiceBusReceivedMessage) -> None:
-        await self._settles.settle(await self._receiver(), message, "defer")
+        await self._settles.settle(self._sync or await self._receiver(), message, "defer")
 
     async def dead_letter_message(self, message: ServiceBusReceivedMessage,
                                   reason: str | None = None,

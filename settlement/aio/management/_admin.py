@@ -82,6 +82,7 @@ class ServiceBusAdministrationClient:
     update_queue = _awaitable("update_queue")
     delete_queue = _awaitable("delete_queue")
     list_queues = _paged("list_queues")
+    list_queues_runtime_properties = _paged("list_queues_runtime_properties")
     list_queue_sessions_runtime_properties = _paged("list_queue_sessions_runtime_properties")
 
     create_topic = _awaitable("create_topic")
@@ -90,6 +91,7 @@ class ServiceBusAdministrationClient:
     update_topic = _awaitable("update_topic")
     delete_topic = _awaitable("delete_topic")
     list_topics = _paged("list_topics")
+    list_topics_runtime_properties = _paged("list_topics_runtime_properties")
 
     create_subscription = _awaitable("create_subscription")
     get_subscription = _awaitable("get_subscription")
@@ -97,6 +99,7 @@ class ServiceBusAdministrationClient:
     update_subscription = _awaitable("update_subscription")
     delete_subscription = _awaitable("delete_subscription")
     list_subscriptions = _paged("list_subscriptions")
+    list_subscriptions_runtime_properties = _paged("list_subscriptions_runtime_properties")
     list_subscription_sessions_runtime_properties = _paged(
         "list_subscription_sessions_runtime_properties")
 
