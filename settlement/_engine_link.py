@@ -124,38 +124,44 @@ class EngineLink:
         """Send ``cmd`` and return its answer, retrying under the same id."""
         return self.call_many([cmd])[0]
 
-    def call_many(self, cmds: list[Command]) -> list[Reply]:
+    def call_many(self, cmds: list[Command], *, timeout: float | None = None) -> list[Reply]:
         """Send several commands at once and wait for all of their answers.
 
         Commands without an answer in time, or answered busy, are sent again
         under their ids as the retry policy says; an entity answered busy is
         left alone for at least 10 s (its other callers wait too; calls on
-        other entities do not)."""
+        other entities do not). ``timeout`` (seconds) bounds the whole call,
+        retries included, as the SDK's ``timeout=`` keyword does."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         replies: dict[str, Reply] = {}
         pending = list(cmds)
         retried = 0
         while True:
             self._wait_while_busy({c.entity for c in pending})
-            error = self._attempt(pending, replies)
+            error = self._attempt(pending, replies, deadline)
             if error is None:
                 return [replies[c.id] for c in cmds]
             pending = [c for c in pending if c.id not in replies]
             wait = self.retry.next_wait(retried, error)
-            if wait is None:
+            if wait is None or (deadline is not None and time.monotonic() + wait >= deadline):
                 raise error
             log.warning("%s; retry %d of %d in %.1f s", error.message, retried + 1,
                         self.retry.total, wait)
             time.sleep(wait)
             retried += 1
 
-    def _attempt(self, cmds: list[Command], replies: dict[str, Reply]
-                 ) -> ServiceBusError | None:
-        """Send ``cmds`` once; put their answers in ``replies``. Returns the
+    def _attempt(self, cmds: list[Command], replies: dict[str, Reply],
+                 call_deadline: float | None = None) -> ServiceBusError | None:
+        """Send ``cmds`` once; put their answers in ``replies``, waiting
+        ``attempt_timeout`` at most (or until ``call_deadline``). Returns the
         error that stands for those left without one (busy, timed out or
         not sent), None when every one was answered."""
+        started = time.monotonic()
+        deadline = started + self.attempt_timeout
+        if call_deadline is not None:
+            deadline = min(deadline, call_deadline)
         futures = [(c, self._send(c)) for c in cmds]
-        self._producer.flush(self.attempt_timeout)
-        deadline = time.monotonic() + self.attempt_timeout
+        self._producer.flush(max(0.0, deadline - time.monotonic()))
         error: ServiceBusError | None = None
         for cmd, fut in futures:
             try:
@@ -181,7 +187,7 @@ class EngineLink:
             return error
         return OperationTimeoutError(
             f"the engine of namespace {self.settings.namespace!r} did not answer {left.op} "
-            f"on {left.window_key} within {self.attempt_timeout:g} s: check that an engine "
+            f"on {left.window_key} within {deadline - started:.3g} s: check that an engine "
             "worker is running ('settlement worker')")
 
     def _wait_while_busy(self, entities: set[str]) -> None:

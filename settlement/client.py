@@ -3,46 +3,122 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
+from settlement._keywords import refuse
 from settlement._properties import QueueProperties
 from settlement._quota import QuotaGuard
-from settlement._retry import RetryPolicy, policy_from
+from settlement._retry import RetryPolicy
 from settlement._session import ServiceBusSessionFilter
 from settlement._session_listing import session_ids
 from settlement._settle_batcher import SettleBatcher
+from settlement._sign_in import check_sign_in
 from settlement._subscription_rules import SubscriptionRules
 from settlement._topic_properties import SubscriptionProperties
 from settlement.receiver import ServiceBusReceiveMode, ServiceBusReceiver, ServiceBusSubQueue
 from settlement.sender import ServiceBusSender
 from topics import names
-from topics.connection import ConnectionSettings, parse_connection_string
+from topics.connection import (
+    ConnectionSettings,
+    parse_connection_string,
+    settings_from_credential,
+)
 from topics.names import parse_entity_path
 
 if TYPE_CHECKING:
+    from settlement.lock_renewer import AutoLockRenewer
     from settlement.pairing import Pairing, SendAvailabilityPairedNamespaceOptions
+
+
+@dataclass
+class ReceiverOptions:
+    """The SDK's receiver keywords of one ``get_*_receiver`` call."""
+
+    session_id: str | ServiceBusSessionFilter | None
+    sub_queue: ServiceBusSubQueue | str | None
+    receive_mode: ServiceBusReceiveMode | str
+    max_wait_time: float | None
+    auto_lock_renewer: AutoLockRenewer | None
+    prefetch_count: int
+    client_identifier: str | None
 
 
 class ServiceBusClient:
     """Creates senders and receivers for the queues, topics and
     subscriptions of one namespace.
 
-    ``ServiceBusClient.from_connection_string("Endpoint=kafka://HOST:PORT;Namespace=NAME")``
+    As the SDK's: ``ServiceBusClient(fully_qualified_namespace, credential)``
+    with ``fully_qualified_namespace`` as ``HOST:PORT[,HOST:PORT]/NAMESPACE``
+    (Kafka's bootstrap servers, then the namespace) and an
+    ``AzureNamedKeyCredential`` or ``AzureSasCredential``
+    (:func:`topics.connection.settings_from_credential`), or
+    ``ServiceBusClient.from_connection_string("Endpoint=kafka://HOST:PORT;Namespace=NAME")``.
+
+    ``retry_total`` (3), ``retry_backoff_factor`` (0.8 s),
+    ``retry_backoff_max`` (120 s) and ``retry_mode`` (``"exponential"`` or
+    ``"fixed"``) set how transient failures are retried, as in the SDK.
+    ``logging_enable=True`` sets the ``settlement`` loggers to DEBUG (the
+    SDK's network trace; as there, handlers are the application's).
+    ``paired_namespace=SendAvailabilityPairedNamespaceOptions(...)`` keeps
+    sends going to a secondary namespace while this one is away. The SDK's
+    AMQP transport keywords are refused (:mod:`settlement._keywords`).
     """
 
-    def __init__(self, settings: ConnectionSettings, *, retry: RetryPolicy | None = None,
-                 paired_namespace: SendAvailabilityPairedNamespaceOptions | None = None
-                 ) -> None:
+    def __init__(self, fully_qualified_namespace: str, credential: Any, *,
+                 retry_total: int = 3, retry_backoff_factor: float = 0.8,
+                 retry_backoff_max: float = 120, retry_mode: str = "exponential",
+                 logging_enable: bool = False,
+                 paired_namespace: SendAvailabilityPairedNamespaceOptions | None = None,
+                 **kwargs: Any) -> None:
+        refuse("ServiceBusClient", kwargs)
+        self._open(settings_from_credential(fully_qualified_namespace, credential),
+                   RetryPolicy.from_options(
+                       retry_total=retry_total, retry_backoff_factor=retry_backoff_factor,
+                       retry_backoff_max=retry_backoff_max, retry_mode=retry_mode),
+                   paired_namespace, logging_enable)
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, *, retry_total: int = 3,
+                               retry_backoff_factor: float = 0.8,
+                               retry_backoff_max: float = 120,
+                               retry_mode: str = "exponential", logging_enable: bool = False,
+                               paired_namespace: SendAvailabilityPairedNamespaceOptions
+                               | None = None, **kwargs: Any) -> ServiceBusClient:
+        """A client of the namespace the connection string names; the
+        keywords are the constructor's."""
+        refuse("from_connection_string", kwargs)
+        return cls._from_settings(
+            parse_connection_string(conn_str), retry=RetryPolicy.from_options(
+                retry_total=retry_total, retry_backoff_factor=retry_backoff_factor,
+                retry_backoff_max=retry_backoff_max, retry_mode=retry_mode),
+            paired_namespace=paired_namespace, logging_enable=logging_enable)
+
+    @classmethod
+    def _from_settings(cls, settings: ConnectionSettings, *, retry: RetryPolicy | None = None,
+                       paired_namespace: SendAvailabilityPairedNamespaceOptions | None = None,
+                       logging_enable: bool = False) -> ServiceBusClient:
+        """For the package's own callers, which hold parsed settings."""
+        client = cls.__new__(cls)
+        client._open(settings, retry or RetryPolicy(), paired_namespace, logging_enable)
+        return client
+
+    def _open(self, settings: ConnectionSettings, retry: RetryPolicy,
+              paired_namespace: SendAvailabilityPairedNamespaceOptions | None,
+              logging_enable: bool) -> None:
+        if logging_enable:
+            logging.getLogger("settlement").setLevel(logging.DEBUG)
         self.settings = settings
-        self.fully_qualified_namespace = settings.namespace
-        self.retry = retry or RetryPolicy()
+        self.retry = retry
         self._registry = EntityRegistry(settings)
         self._link: EngineLink | None = None
         self._batcher: SettleBatcher | None = None
         self._handlers: list[ServiceBusSender | ServiceBusReceiver] = []
         self._pairing: Pairing | None = None
+        self._signed_in = False
         #: one quota guard per entity, so a new sender does not measure again
         self._quotas: dict[tuple[str, bool], QuotaGuard] = {}
         if paired_namespace is not None:
@@ -50,104 +126,128 @@ class ServiceBusClient:
 
             self._pairing = Pairing(settings, paired_namespace, self.retry)
 
-    @classmethod
-    def from_connection_string(cls, conn_str: str, **kwargs: Any) -> ServiceBusClient:
-        """A client of the namespace the connection string names.
+    @property
+    def fully_qualified_namespace(self) -> str:
+        """``HOST:PORT[,HOST:PORT]/NAMESPACE``: where the SDK has the
+        namespace's host name, the brokers and the namespace on them."""
+        return f"{self.settings.bootstrap_servers}/{self.settings.namespace}"
 
-        ``retry_total`` (3), ``retry_backoff_factor`` (0.8 s),
-        ``retry_backoff_max`` (120 s) and ``retry_mode`` (``"exponential"``
-        or ``"fixed"``) set how transient failures are retried, as in the
-        SDK. ``paired_namespace=SendAvailabilityPairedNamespaceOptions(...)``
-        keeps sends going to a secondary namespace while this one is away."""
-        retry = policy_from(kwargs)
-        return cls(parse_connection_string(conn_str), retry=retry,
-                   paired_namespace=kwargs.pop("paired_namespace", None))
+    def get_queue_sender(self, queue_name: str, *, client_identifier: str | None = None,
+                         max_in_flight: int = 10_000, **kwargs: Any) -> ServiceBusSender:
+        """A sender to ``queue_name``; ``client_identifier`` names it in its
+        errors (as the SDK's); ``max_in_flight`` bounds its unacknowledged
+        records."""
+        refuse("get_queue_sender", kwargs)
+        return self._sender(queue_name, max_in_flight, client_identifier, topic=False)
 
-    def get_queue_sender(self, queue_name: str, *, max_in_flight: int = 10_000,
-                         **_: Any) -> ServiceBusSender:
-        return self._sender(queue_name, max_in_flight, topic=False)
-
-    def get_topic_sender(self, topic_name: str, *, max_in_flight: int = 10_000,
-                         **_: Any) -> ServiceBusSender:
+    def get_topic_sender(self, topic_name: str, *, client_identifier: str | None = None,
+                         max_in_flight: int = 10_000, **kwargs: Any) -> ServiceBusSender:
         """A sender to ``topic_name``: each message is stored once, in the
         topic's log, and delivered to every subscription whose rules match."""
-        return self._sender(topic_name, max_in_flight, topic=True)
+        refuse("get_topic_sender", kwargs)
+        return self._sender(topic_name, max_in_flight, client_identifier, topic=True)
 
-    def _sender(self, name: str, max_in_flight: int, *, topic: bool) -> ServiceBusSender:
+    def _sender(self, name: str, max_in_flight: int, client_identifier: str | None, *,
+                topic: bool) -> ServiceBusSender:
+        self._sign_in()
         quota = self._quotas.setdefault((name, topic), QuotaGuard(
             self.settings, self._registry, self._engine, name, topic=topic))
         sender = ServiceBusSender(self.settings, self._registry, name, self._engine,
                                   max_in_flight=max_in_flight, topic=topic, retry=self.retry,
-                                  pairing=self._pairing, quota=quota)
+                                  pairing=self._pairing, quota=quota,
+                                  client_identifier=client_identifier)
         self._handlers.append(sender)
         return sender
 
     def get_queue_receiver(self, queue_name: str, *,
+                           session_id: str | ServiceBusSessionFilter | None = None,
                            sub_queue: ServiceBusSubQueue | str | None = None,
                            receive_mode: ServiceBusReceiveMode | str =
                            ServiceBusReceiveMode.PEEK_LOCK,
-                           max_wait_time: float | None = None, prefetch_count: int = 0,
-                           session_id: str | ServiceBusSessionFilter | None = None,
-                           **_: Any) -> ServiceBusReceiver:
+                           max_wait_time: float | None = None,
+                           auto_lock_renewer: AutoLockRenewer | None = None,
+                           prefetch_count: int = 0, client_identifier: str | None = None,
+                           **kwargs: Any) -> ServiceBusReceiver:
         """A receiver of ``queue_name`` (or ``queue/$deadletterqueue``; a
         subscription path ``topic/subscriptions/sub`` works too). On a
         session-enabled queue, ``session_id`` names the session to lock, or
-        is ``NEXT_AVAILABLE_SESSION``."""
+        is ``NEXT_AVAILABLE_SESSION``; on another queue it is an error. With
+        ``auto_lock_renewer``, each received message (or the session) is
+        registered with it, as in the SDK."""
+        refuse("get_queue_receiver", kwargs)
+        options = ReceiverOptions(session_id, sub_queue, receive_mode, max_wait_time,
+                                  auto_lock_renewer, prefetch_count, client_identifier)
+        self._sign_in()
         name, is_dead_letter = parse_entity_path(queue_name)
+        if is_dead_letter:
+            options.sub_queue = ServiceBusSubQueue.DEAD_LETTER
         if names.SUBSCRIPTIONS in name:
             topic, subscription = names.split_subscription_path(name)
-            return self.get_subscription_receiver(
-                topic, subscription, receive_mode=receive_mode, max_wait_time=max_wait_time,
-                prefetch_count=prefetch_count, session_id=session_id,
-                sub_queue=ServiceBusSubQueue.DEAD_LETTER if is_dead_letter else sub_queue)
-        props = self._registry.get(name, fresh=True)
-        return self._receiver(props, None, sub_queue=ServiceBusSubQueue.DEAD_LETTER
-                              if is_dead_letter else sub_queue, receive_mode=receive_mode,
-                              max_wait_time=max_wait_time, prefetch_count=prefetch_count,
-                              session_id=session_id)
+            return self._receiver(self._registry.get_subscription(topic, subscription,
+                                                                  fresh=True),
+                                  SubscriptionRules(self._registry, topic, subscription), options)
+        return self._receiver(self._registry.get(name, fresh=True), None, options)
 
     def get_subscription_receiver(self, topic_name: str, subscription_name: str, *,
+                                  session_id: str | ServiceBusSessionFilter | None = None,
                                   sub_queue: ServiceBusSubQueue | str | None = None,
                                   receive_mode: ServiceBusReceiveMode | str =
                                   ServiceBusReceiveMode.PEEK_LOCK,
-                                  max_wait_time: float | None = None, prefetch_count: int = 0,
-                                  session_id: str | ServiceBusSessionFilter | None = None,
-                                  **_: Any) -> ServiceBusReceiver:
+                                  max_wait_time: float | None = None,
+                                  auto_lock_renewer: AutoLockRenewer | None = None,
+                                  prefetch_count: int = 0, client_identifier: str | None = None,
+                                  **kwargs: Any) -> ServiceBusReceiver:
         """A receiver of one subscription of ``topic_name`` (or of its
         dead-letter sub-queue), with every feature of a queue receiver."""
+        refuse("get_subscription_receiver", kwargs)
+        options = ReceiverOptions(session_id, sub_queue, receive_mode, max_wait_time,
+                                  auto_lock_renewer, prefetch_count, client_identifier)
+        self._sign_in()
         props = self._registry.get_subscription(topic_name, subscription_name, fresh=True)
         rules = SubscriptionRules(self._registry, topic_name, subscription_name)
-        return self._receiver(props, rules, sub_queue=sub_queue, receive_mode=receive_mode,
-                              max_wait_time=max_wait_time, prefetch_count=prefetch_count,
-                              session_id=session_id)
+        return self._receiver(props, rules, options)
 
-    def list_queue_sessions(self, queue_name: str, state_updated_after: dt.datetime | None = None,
-                            **_: Any) -> list[str]:
+    def list_queue_sessions(self, queue_name: str, state_updated_after: dt.datetime | None = None
+                            ) -> list[str]:
         """Ids of the queue's sessions that have active messages or stored
         state; with ``state_updated_after``, those whose state was set since."""
+        self._sign_in()
         props = self._registry.get(queue_name, fresh=True)
         return session_ids(self._engine(), props, state_updated_after)
 
     def list_subscription_sessions(self, topic_name: str, subscription_name: str,
-                                   state_updated_after: dt.datetime | None = None,
-                                   **_: Any) -> list[str]:
+                                   state_updated_after: dt.datetime | None = None
+                                   ) -> list[str]:
         """:meth:`list_queue_sessions` for a subscription."""
+        self._sign_in()
         props = self._registry.get_subscription(topic_name, subscription_name, fresh=True)
         return session_ids(self._engine(), props, state_updated_after)
 
     def _receiver(self, props: QueueProperties | SubscriptionProperties,
-                  rules: SubscriptionRules | None, *,
-                  sub_queue: ServiceBusSubQueue | str | None,
-                  receive_mode: ServiceBusReceiveMode | str, max_wait_time: float | None,
-                  prefetch_count: int, session_id: str | ServiceBusSessionFilter | None
+                  rules: SubscriptionRules | None, options: ReceiverOptions
                   ) -> ServiceBusReceiver:
+        if options.session_id is not None and options.sub_queue:
+            raise ValueError(  # the SDK's words
+                "session_id and sub_queue can not be specified simultaneously. To connect to "
+                "the sub queue of a sessionful entity, set sub_queue only: sub queues do not "
+                "support sessions")
         receiver = ServiceBusReceiver(
             self.settings, self._engine(), self._settle_batcher(), props,
-            sub_queue=ServiceBusSubQueue(sub_queue) if sub_queue else None,
-            receive_mode=ServiceBusReceiveMode(receive_mode), max_wait_time=max_wait_time,
-            prefetch_count=prefetch_count, rules=rules, session_id=session_id)
+            sub_queue=ServiceBusSubQueue(options.sub_queue) if options.sub_queue else None,
+            receive_mode=ServiceBusReceiveMode(options.receive_mode),
+            max_wait_time=options.max_wait_time, prefetch_count=options.prefetch_count,
+            rules=rules, session_id=options.session_id,
+            auto_lock_renewer=options.auto_lock_renewer,
+            client_identifier=options.client_identifier)
         self._handlers.append(receiver)
         return receiver
+
+    def _sign_in(self) -> None:
+        """Before the first sender or receiver: credentials the broker
+        refuses raise ServiceBusAuthenticationError now, not after timeouts."""
+        if not self._signed_in:
+            check_sign_in(self.settings)
+            self._signed_in = True
 
     def _engine(self) -> EngineLink:
         if self._link is None:

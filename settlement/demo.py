@@ -486,7 +486,8 @@ class Demo:
 
         timer = threading.Timer(PAUSE_S, resume)
         try:
-            with ServiceBusClient(self.client.settings, paired_namespace=options) as client, \
+            with ServiceBusClient._from_settings(self.client.settings,
+                                                 paired_namespace=options) as client, \
                     client.get_queue_sender(PAIRED_QUEUE) as sender:
                 log.info("  %d backlog queues on %r (%d found, %d created)",
                          options.backlog_queue_count, SECONDARY_NAMESPACE,
@@ -558,7 +559,8 @@ class Demo:
         during = sends.in_phase(sends.paused_at, sends.resumed_at)
         if len(during) > 1:  # the first may have reached the primary late; the last did not
             picked[during[-1][2][0]] = "sent to the backlog while paused, moved by the syphon"
-        with ServiceBusClient(self.client.settings, paired_namespace=options) as client, \
+        with ServiceBusClient._from_settings(self.client.settings,
+                                             paired_namespace=options) as client, \
                 client.get_queue_receiver(PAIRED_QUEUE) as receiver:
             deadline = time.monotonic() + 3 * WAIT_S
             while len(seen) < len(want) and time.monotonic() < deadline:

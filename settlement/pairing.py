@@ -169,7 +169,7 @@ class Pairing:
         self._ensure_backlog_queues()
         from settlement.client import ServiceBusClient  # the client module imports this one
 
-        self._secondary_client = ServiceBusClient(self.secondary, retry=retry)
+        self._secondary_client = ServiceBusClient._from_settings(self.secondary, retry=retry)
         self._backlog_senders: dict[str, ServiceBusSender] = {}
         self._status = StatusTopic(self.secondary)
         self._primary_admin = AdminClient({**primary.kafka_config(), "log_level": 0})
@@ -180,7 +180,7 @@ class Pairing:
         if options.enable_syphon:
             from settlement._syphon import Syphon
 
-            self._syphon = Syphon(self, ServiceBusClient(primary, retry=retry),
+            self._syphon = Syphon(self, ServiceBusClient._from_settings(primary, retry=retry),
                                   self._secondary_client)
 
     # ------------------------------------------------------------ set-up

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -66,8 +67,11 @@ class ServiceBusSender:
                  entity_name: str, engine: Callable[[], EngineLink], *,
                  max_in_flight: int = 10_000, topic: bool = False,
                  retry: RetryPolicy | None = None, pairing: Pairing | None = None,
-                 quota: QuotaGuard | None = None) -> None:
+                 quota: QuotaGuard | None = None, client_identifier: str | None = None
+                 ) -> None:
         self.entity_name = entity_name
+        #: the SDK's ``client_identifier``: this sender's name in ``str(sender)``
+        self.client_identifier = client_identifier or f"SBSender-{uuid.uuid4()}"
         self._registry = registry
         self._engine = engine  # only scheduling talks to the engine
         self._is_topic = topic
@@ -99,12 +103,18 @@ class ServiceBusSender:
         return self._max_bytes
 
     def create_message_batch(self, max_size_in_bytes: int | None = None) -> ServiceBusMessageBatch:
+        """An empty batch of at most ``max_size_in_bytes`` (by default, and at
+        most, the entity's largest message)."""
         limit = self._check_entity()
-        return ServiceBusMessageBatch(min(max_size_in_bytes or limit, limit))
+        if max_size_in_bytes and max_size_in_bytes > limit:
+            raise ValueError(  # as the SDK
+                f"Max message size: {max_size_in_bytes} is too large, acceptable max batch "
+                f"size is: {limit} bytes ({self._kind} {self.entity_name!r} accepts "
+                "max_message_size_in_kilobytes)")
+        return ServiceBusMessageBatch(max_size_in_bytes or limit)
 
     def send_messages(self, message: ServiceBusMessage | Iterable[ServiceBusMessage]
-                      | ServiceBusMessageBatch, *, timeout: float | None = None,
-                      **_: Any) -> None:
+                      | ServiceBusMessageBatch, *, timeout: float | None = None) -> None:
         """Send one message, a list or a batch; return when all are acknowledged.
 
         Transient failures are retried by the client's retry policy;
@@ -123,17 +133,20 @@ class ServiceBusSender:
         self._send(messages, timeout=timeout, paired=True)
 
     def schedule_messages(self, messages: ServiceBusMessage | Iterable[ServiceBusMessage],
-                          schedule_time_utc: dt.datetime, **_: Any) -> list[int]:
+                          schedule_time_utc: dt.datetime, *, timeout: float | None = None
+                          ) -> list[int]:
         """Send messages that become visible at ``schedule_time_utc``; return
-        their sequence numbers (for :meth:`cancel_scheduled_messages`)."""
+        their sequence numbers (for :meth:`cancel_scheduled_messages`).
+        ``timeout`` bounds the call as in :meth:`send_messages`."""
         batch = [messages] if isinstance(messages, ServiceBusMessage) else list(messages)
         for m in batch:
             m.scheduled_enqueue_time_utc = schedule_time_utc
-        return [sequence_number(p, o) for p, o in self._send(batch)]
+        return [sequence_number(p, o) for p, o in self._send(batch, timeout=timeout)]
 
-    def cancel_scheduled_messages(self, sequence_numbers: int | Iterable[int],
-                                  **_: Any) -> None:
-        """Cancel scheduled messages that are not yet due; they are never delivered."""
+    def cancel_scheduled_messages(self, sequence_numbers: int | Iterable[int], *,
+                                  timeout: float | None = None) -> None:
+        """Cancel scheduled messages that are not yet due; they are never
+        delivered. ``timeout`` (seconds) bounds the call, retries included."""
         seqs = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
         by_partition: dict[int, list[int]] = {}
         for seq in seqs:
@@ -143,7 +156,7 @@ class ServiceBusSender:
         asked = [(entity, p, offsets) for entity in self._windows(scheduling=False)
                  for p, offsets in sorted(by_partition.items())]
         replies = link.call_many([link.command("cancel", entity, p, offsets=offsets)
-                                  for entity, p, offsets in asked])
+                                  for entity, p, offsets in asked], timeout=timeout)
         cancelled = {sequence_number(p, o)
                      for (_, p, offsets), reply in zip(asked, replies, strict=True)
                      for o, (status, _) in zip(offsets, reply.result.get("results", []),
@@ -348,6 +361,9 @@ class ServiceBusSender:
     def log_topic(self) -> str:
         """The Kafka topic this sender writes."""
         return self._topic
+
+    def __str__(self) -> str:
+        return f"Sender client id: {self.client_identifier}, entity: {self.entity_name}"
 
     @property
     def kind(self) -> str:
