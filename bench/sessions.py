@@ -345,7 +345,8 @@ def idle_phase(client: ServiceBusClient, admin: ServiceBusAdministrationClient,
     alternating rounds: the same log and the same messages, only the number
     of sessions differs."""
     probes = one_message_sessions("p", args.probes, args.size)
-    behind = {FEW: [ServiceBusMessage(probes[0].body, session_id="bulk", message_id=f"bulk-{i}")
+    probe_body = b"".join(probes[0].body)
+    behind = {FEW: [ServiceBusMessage(probe_body, session_id="bulk", message_id=f"bulk-{i}")
                     for i in range(args.idle)],
               CROWDED: one_message_sessions("i", args.idle, args.size)}
     accept_s = {}

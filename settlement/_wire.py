@@ -18,8 +18,8 @@ A client paired with a secondary namespace adds ``replay-id`` (a random
 hex id per message, kept when the message is moved from a backlog queue),
 which receivers ignore; see :mod:`settlement.pairing`.
 
-The sequence number of a message is ``partition << 40 | offset``: it names
-the record, so a deferred message is fetched by it.
+The sequence number of a message is ``(partition << 40 | offset) + 1``
+(:mod:`settlement._sequence`): it names the record, so a deferred message is fetched by it.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def encode(message: ServiceBusMessage) -> tuple[bytes | None, bytes, list[tuple[
             f"message {message.message_id or ''} has {size} bytes of headers and application "
             f"properties; at most {MAX_HEADERS_BYTES} are allowed: move data into the body")
     key = message.partition_key or message.session_id or message.message_id
-    return (key.encode() if key else None), message.body, headers
+    return (key.encode() if key else None), message._body, headers
 
 
 def _check_property_sizes(properties: dict[str, Any]) -> None:

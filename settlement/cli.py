@@ -584,7 +584,7 @@ def _message_to_send(body: str, index: int, total: int, args: argparse.Namespace
 
 
 def _body(message: ServiceBusReceivedMessage) -> str:
-    text = message.body.decode("utf-8", errors="replace")
+    text = str(message)
     if len(text) > BODY_WIDTH:
         text = text[:BODY_WIDTH - 3] + "..."
     return repr(text)

@@ -139,7 +139,7 @@ def copy_message(message: ServiceBusReceivedMessage,
     """A new message with the body, id and properties of ``message``."""
     properties = {**(message.application_properties or {}), **(extra_properties or {})}
     return ServiceBusMessage(
-        message.body, application_properties=properties or None,
+        b"".join(message.body), application_properties=properties or None,
         session_id=message.session_id, message_id=message.message_id,
         content_type=message.content_type, correlation_id=message.correlation_id,
         subject=message.subject, partition_key=message.partition_key, to=message.to,

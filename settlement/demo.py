@@ -203,21 +203,22 @@ class Demo:
 
     def receive_one(self, message_id: str, delivery_count: int,
                     wait: float = WAIT_S) -> ServiceBusReceivedMessage:
-        """Receive the next message; it must be ``message_id`` on delivery ``delivery_count``."""
+        """Receive the next message; it must be ``message_id`` with ``delivery_count``
+        (its earlier deliveries, as the SDK counts)."""
         assert self.receiver is not None
         got = self.receiver.receive_messages(1, max_wait_time=wait)
         if not got:
-            raise DemoFailure(f"{message_id} was not delivered (delivery {delivery_count}) "
+            raise DemoFailure(f"{message_id} was not delivered (delivery_count {delivery_count}) "
                               f"within {wait:.0f} s")
         message = got[0]
         if message.message_id != message_id:
-            raise DemoFailure(f"expected {message_id} (delivery {delivery_count}), got "
-                              f"{message.message_id} (delivery {message.delivery_count})")
+            raise DemoFailure(f"expected {message_id} (delivery_count {delivery_count}), got "
+                              f"{message.message_id} (delivery_count {message.delivery_count})")
         self.expect(message.delivery_count == delivery_count,
                     f"{message_id}: delivery count {message.delivery_count}, "
                     f"expected {delivery_count}")
-        log.info("  received %-16s seq=%d delivery=%d body=%s", message_id,
-                 message.sequence_number, message.delivery_count, _show(message.body))
+        log.info("  received %-16s seq=%d delivery_count=%d body=%s", message_id,
+                 message.sequence_number, message.delivery_count, _show(b"".join(message.body)))
         return message
 
     def expect_nothing(self, why: str) -> None:
@@ -253,7 +254,7 @@ class Demo:
 
     def path_complete(self) -> None:
         log.info("[complete] receive and complete")
-        message = self.receive_one("order-complete", 1)
+        message = self.receive_one("order-complete", 0)
         assert self.receiver is not None
         self.receiver.complete_message(message)
         self.record("complete", message, "completed")
@@ -261,16 +262,16 @@ class Demo:
     def path_abandon(self) -> None:
         log.info("[abandon] abandon, expect redelivery with delivery_count + 1, complete")
         assert self.receiver is not None
-        first = self.receive_one("order-abandon", 1)
+        first = self.receive_one("order-abandon", 0)
         self.receiver.abandon_message(first)
-        again = self.receive_one("order-abandon", 2)
+        again = self.receive_one("order-abandon", 1)
         self.receiver.complete_message(again)
         self.record("abandon", again, "abandoned once, completed on redelivery")
 
     def path_dead_letter(self) -> None:
         log.info("[dead-letter] dead_letter_message(reason=%r)", DEAD_LETTER_REASON)
         assert self.receiver is not None
-        message = self.receive_one("order-deadletter", 1)
+        message = self.receive_one("order-deadletter", 0)
         self.receiver.dead_letter_message(message, reason=DEAD_LETTER_REASON,
                                           error_description=DEAD_LETTER_DESCRIPTION)
         self.record("dead-letter", message, "dead-lettered")
@@ -278,7 +279,7 @@ class Demo:
     def path_defer(self) -> None:
         log.info("[defer] defer, receive_deferred_messages([seq]), complete")
         assert self.receiver is not None
-        message = self.receive_one("order-defer", 1)
+        message = self.receive_one("order-defer", 0)
         seq = message.sequence_number
         self.receiver.defer_message(message)
         counts = self.admin.get_queue_runtime_properties(QUEUE)
@@ -305,7 +306,7 @@ class Demo:
                  MAX_DELIVERY)
         assert self.receiver is not None
         message = None
-        for delivery in range(1, MAX_DELIVERY + 1):
+        for delivery in range(MAX_DELIVERY):  # delivery_count: earlier deliveries
             message = self.receive_one("order-poison", delivery)
             self.receiver.abandon_message(message)
         assert message is not None
@@ -331,9 +332,9 @@ class Demo:
     def path_lapse(self) -> None:
         log.info("[lapse] receive, do not settle, wait for the %d s lock to lapse", LOCK_S)
         assert self.receiver is not None
-        first = self.receive_one("order-lapse", 1)
+        first = self.receive_one("order-lapse", 0)
         started = time.monotonic()
-        again = self.receive_one("order-lapse", 2, wait=LOCK_S + WAIT_S)
+        again = self.receive_one("order-lapse", 1, wait=LOCK_S + WAIT_S)
         waited = time.monotonic() - started
         self.expect(waited >= LOCK_S * 0.9,
                     f"order-lapse came back after {waited:.1f} s, before its {LOCK_S} s lock")
@@ -455,7 +456,7 @@ class Demo:
                 got = receive_count(receiver, len(CARTS.get(cart, [])))
                 receiver.complete_messages(got)
                 receiver.session.set_state(f"{len(got)} steps done".encode())
-                steps = [m.body.decode() for m in got]
+                steps = [str(m) for m in got]
                 self.session_outcomes[cart] = (steps, receiver.session.get_state())
             self.expect(steps == CARTS.get(cart), f"session {cart!r} got {steps}, "
                         f"expected {CARTS.get(cart)} in that order")

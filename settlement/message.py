@@ -5,9 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from settlement._sequence import split_sequence_number
+from settlement.amqp import AmqpMessageBodyType
 
 MAX_ID_LENGTH = 128
 PropertyValue = str | int | float | bool | None
@@ -20,7 +22,11 @@ class ServiceBusMessageState(enum.IntEnum):
 
 
 class ServiceBusMessage:
-    """A message to send. ``body`` is ``str`` (sent as UTF-8) or ``bytes``."""
+    """A message to send, made from ``str`` (sent as UTF-8) or ``bytes``.
+
+    As in the SDK, ``body`` gives the body's sections (one, of bytes):
+    ``b"".join(message.body)`` or ``next(message.body)``; ``str(message)``
+    is the text."""
 
     def __init__(
         self,
@@ -43,7 +49,7 @@ class ServiceBusMessage:
             body = b""
         if not isinstance(body, str | bytes | bytearray | memoryview):
             raise TypeError(f"message body must be str or bytes, not {type(body).__name__}")
-        self.body: bytes = body.encode() if isinstance(body, str) else bytes(body)
+        self._body = body.encode() if isinstance(body, str) else bytes(body)
         for name, value in (("message_id", message_id), ("session_id", session_id),
                             ("partition_key", partition_key)):
             if value is not None and len(value) > MAX_ID_LENGTH:
@@ -70,11 +76,20 @@ class ServiceBusMessage:
         self.reply_to = reply_to
         self.reply_to_session_id = reply_to_session_id
 
+    @property
+    def body(self) -> Iterator[bytes]:
+        """The body's DATA sections, a new generator on each access (the SDK's shape)."""
+        return (section for section in (self._body,))
+
+    @property
+    def body_type(self) -> AmqpMessageBodyType:
+        return AmqpMessageBodyType.DATA
+
     def __str__(self) -> str:
-        return self.body.decode("utf-8", errors="replace")
+        return self._body.decode("utf-8", errors="replace")
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(message_id={self.message_id!r}, body={self.body[:40]!r})"
+        return f"{type(self).__name__}(message_id={self.message_id!r}, body={self._body[:40]!r})"
 
 
 class ServiceBusReceivedMessage(ServiceBusMessage):
@@ -83,7 +98,7 @@ class ServiceBusReceivedMessage(ServiceBusMessage):
     def __init__(self, body: bytes, **kwargs: Any) -> None:
         # The record was checked when it was decoded: no second validation of
         # every field, which would cost more than decoding on batch receives.
-        self.body = body
+        self._body = body
         for name in _SEND_FIELDS:
             setattr(self, name, kwargs.get(name))
         self.application_properties = kwargs.get("application_properties") or {}
@@ -98,6 +113,8 @@ class ServiceBusReceivedMessage(ServiceBusMessage):
         self.dead_letter_source: str | None = kwargs.get("dead_letter_source")
         self.state: ServiceBusMessageState = kwargs.get("state", ServiceBusMessageState.ACTIVE)
         self.malformed_reason: str | None = kwargs.get("malformed_reason")
+        #: set by AutoLockRenewer when it stopped renewing this message's lock
+        self.auto_renew_error: Exception | None = None
         self._settled = False
         self._receiver: Any = None
 

@@ -15,9 +15,10 @@ import enum
 import itertools
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from settlement import _read_ahead as read_ahead
 from settlement import _wire
@@ -39,6 +40,9 @@ from settlement.message import ServiceBusReceivedMessage
 from settlement.processor import MessageProcessor
 from topics import names
 from topics.connection import ConnectionSettings
+
+if TYPE_CHECKING:
+    from settlement.lock_renewer import AutoLockRenewer
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +86,9 @@ class ServiceBusReceiver:
                  receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
                  max_wait_time: float | None = None, prefetch_count: int = 0,
                  rules: SubscriptionRules | None = None,
-                 session_id: str | ServiceBusSessionFilter | None = None) -> None:
+                 session_id: str | ServiceBusSessionFilter | None = None,
+                 auto_lock_renewer: AutoLockRenewer | None = None,
+                 client_identifier: str | None = None) -> None:
         self._entity = props.path
         self.entity_path = props.path + {
             None: "", ServiceBusSubQueue.DEAD_LETTER: names.DEAD_LETTER_SUFFIX,
@@ -103,6 +109,14 @@ class ServiceBusReceiver:
         self._peek_from = (0, 0)
         self._closed = False
         self._session = self._session_for(link, props, session_id, sub_queue, max_wait_time)
+        if (auto_lock_renewer is not None and self._session is None
+                and self.receive_mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE):
+            raise ValueError(  # the SDK's words
+                "Messages received in RECEIVE_AND_DELETE receive mode cannot have their locks "
+                "removed as they have been deleted, providing an AutoLockRenewer in this mode "
+                "is invalid.")
+        self._auto_lock_renewer = auto_lock_renewer
+        self._name = client_identifier or f"SBReceiver-{uuid.uuid4()}"
         # Only a receiver asked to prefetch locks messages the application has
         # not asked for yet, as in the SDK (prefetch_count=0: none).
         self._read_ahead = (read_ahead.ReadAhead(self._receive_round, self._release)
@@ -129,10 +143,29 @@ class ServiceBusReceiver:
         """The session this receiver holds (None: not a session receiver)."""
         return self._session
 
+    @property
+    def client_identifier(self) -> str:
+        return self._name
+
+    def __str__(self) -> str:
+        return f"Receiver client id: {self.client_identifier}, entity: {self.entity_path}"
+
     def _open(self) -> None:
-        """Lock the session of a session receiver, on its first use."""
-        if self._session is not None and not self._closed:
-            self._session.open()
+        """Lock the session of a session receiver, on its first use; the
+        receiver's ``auto_lock_renewer`` then keeps the session's lock."""
+        if self._session is None or self._closed:
+            return
+        locked = self._session.locked_until_utc is not None
+        self._session.open()
+        if not locked and self._auto_lock_renewer is not None:
+            self._auto_lock_renewer.register(self, self._session)
+
+    def _renew_automatically(self, messages: list[ServiceBusReceivedMessage]) -> None:
+        """Hand locked messages to the receiver's ``auto_lock_renewer``, as the SDK does."""
+        if (self._auto_lock_renewer is not None and self._session is None
+                and self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK):
+            for message in messages:
+                self._auto_lock_renewer.register(self, message)
 
     # ----------------------------------------------------------------- receive
     def receive_messages(self, max_message_count: int | None = 1,
@@ -140,9 +173,14 @@ class ServiceBusReceiver:
         """Up to ``max_message_count`` messages; waits at most ``max_wait_time``
         seconds for the first (the receiver's own ``max_wait_time`` when None;
         when both are None, waits until a message arrives)."""
+        got = self._receive(max(1, max_message_count or 1), max_wait_time)
+        self._renew_automatically(got)
+        return got
+
+    def _receive(self, want: int, max_wait_time: float | None
+                 ) -> list[ServiceBusReceivedMessage]:
         self._check_open()
         self._open()
-        want = max(1, max_message_count or 1)
         got = self._fresh(self._read_ahead.take(want)) if self._read_ahead else []
         if not got:
             got = self._wait_for_messages(want, max_wait_time)
@@ -226,7 +264,10 @@ class ServiceBusReceiver:
                 withheld.append([offset, token, "complete", None, None])
                 continue
             delivery = {
-                "lock_token": token, "delivery_count": count,
+                # The engine counts deliveries, this one included; the SDK
+                # reports the AMQP header's count of earlier attempts (0 on the
+                # first delivery), and a peek the deliveries so far.
+                "lock_token": token, "delivery_count": count if peeked else max(0, count - 1),
                 "locked_until_utc": _wire.utc_from_ms(until) if token else None,
                 "dead_letter_reason": reason, "dead_letter_error_description": description,
                 "dead_letter_source": source, "state": _wire.STATES[state],
@@ -275,7 +316,7 @@ class ServiceBusReceiver:
         want = self._prefetch
         lock_s = self._props.lock_duration.total_seconds()
         while not self._closed:
-            batch = self.receive_messages(want, self._max_wait_time)
+            batch = self._receive(want, self._max_wait_time)
             if not batch:
                 return
             started = time.monotonic()
@@ -283,6 +324,7 @@ class ServiceBusReceiver:
             try:
                 for message in batch:
                     handed += 1
+                    self._renew_automatically([message])  # not those released unseen
                     yield message
             finally:
                 self._release(batch[handed:])
@@ -295,13 +337,14 @@ class ServiceBusReceiver:
             self.settle_messages(messages, "release")
 
     def peek_messages(self, max_message_count: int = 1, *,
-                      sequence_number: int | None = None, **_: Any
+                      sequence_number: int = 0, **_: Any
                       ) -> list[ServiceBusReceivedMessage]:
-        """Browse messages without locking them, from ``sequence_number`` (or
-        where the previous peek stopped); each carries its ``state``."""
+        """Browse messages without locking them, from ``sequence_number`` (0,
+        as in the SDK: where the previous peek stopped); each carries its
+        ``state``."""
         self._check_open()
         self._open()
-        if sequence_number is not None:
+        if sequence_number:
             self._peek_from = split_sequence_number(sequence_number)
         partition, offset = self._peek_from
         last = self._props.partition_count
@@ -324,6 +367,8 @@ class ServiceBusReceiver:
             if entries:
                 offset = entries[-1][0] + 1
             if len(out) < max_message_count:
+                if partition + 1 == last:
+                    break  # the next peek goes on from here: it sees what arrives later
                 partition, offset = partition + 1, 0
         self._peek_from = (partition, offset)
         return out
@@ -345,6 +390,7 @@ class ServiceBusReceiver:
                 "acquire_deferred", self._entity, partition, offsets=offsets))
             check_reply(reply, self.entity_path)
             out += self._materialize(partition, reply.result["grants"])
+        self._renew_automatically(out)
         return out
 
     # ------------------------------------------------------------------ settle

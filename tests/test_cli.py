@@ -89,7 +89,7 @@ def test_send_then_receive_complete(conn: str, queue_name: str,
                          "--settle", "complete")
     assert code == 0, err
     [line] = message_lines(out)
-    assert "delivery=1" in line and "id=m-1" in line and "'hello cli'" in line
+    assert "delivery=0" in line and "id=m-1" in line and "'hello cli'" in line
     assert line.endswith("settled=completed")
 
     code, out, err = run(capsys, "receive", queue_name, "--wait", "1")

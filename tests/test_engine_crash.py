@@ -110,7 +110,7 @@ def _resume_the_session(client: ServiceBusClient) -> None:
                                    max_wait_time=30) as receiver:
         assert receiver.session.get_state() == b"2 of 4 steps done"
         rest = receiver.receive_messages(10)
-        assert [m.body for m in rest] == [b"step 2", b"step 3"]
+        assert [b"".join(m.body) for m in rest] == [b"step 2", b"step 3"]
         receiver.complete_messages(rest)
 
 

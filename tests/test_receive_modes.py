@@ -99,7 +99,7 @@ def test_delete_queue_removes_log_definition_and_window(
     assert admin.get_queue_runtime_properties(queue).active_message_count == 0
     send(client, queue, 1)
     [message] = client.get_queue_receiver(queue).receive_messages(5, max_wait_time=10)
-    assert message.message_id == "m0" and message.delivery_count == 1
+    assert message.message_id == "m0" and message.delivery_count == 0
 
 
 def test_size_in_bytes_counts_the_records_still_in_the_queue(

@@ -47,7 +47,7 @@ def send(client: ServiceBusClient, queue: str, sessions: dict[str, int]) -> None
 
 
 def bodies(messages: list) -> list[str]:
-    return [m.body.decode() for m in messages]
+    return [str(m) for m in messages]
 
 
 def test_order_within_a_session_holds_under_abandon_and_lock_lapse(
@@ -60,7 +60,7 @@ def test_order_within_a_session_holds_under_abandon_and_lock_lapse(
     first.abandon_message(m0[0])
     again = first.receive_messages(2)  # the abandoned one first, then the next
     assert bodies(again) == ["a-0", "a-1"]
-    assert [m.delivery_count for m in again] == [2, 1]
+    assert [m.delivery_count for m in again] == [1, 0]
     first.complete_message(again[0])
     assert first.session.locked_until_utc == again[1].locked_until_utc
     time.sleep(LAPSE_S + 0.5)  # the session lock lapses, and a-1's lock with it
@@ -69,7 +69,7 @@ def test_order_within_a_session_holds_under_abandon_and_lock_lapse(
     with client.get_queue_receiver(queue, session_id="a", max_wait_time=WAIT_S) as second:
         rest = second.receive_messages(10)
         assert bodies(rest) == ["a-1", "a-2", "a-3", "a-4"]
-        assert rest[0].delivery_count == 2
+        assert rest[0].delivery_count == 1
         second.complete_messages(rest)
     first.close()
     with client.get_queue_receiver(queue, session_id="b", max_wait_time=WAIT_S) as other:
@@ -99,7 +99,7 @@ def test_a_locked_session_cannot_be_locked_again_and_next_available_skips_it(
                                    max_wait_time=WAIT_S) as later:
         assert later.session.session_id == "x"
         messages = later.receive_messages(10)
-        assert bodies(messages) == ["x-0", "x-1"] and messages[0].delivery_count == 2
+        assert bodies(messages) == ["x-0", "x-1"] and messages[0].delivery_count == 1
 
 
 def test_competing_session_receivers_each_get_whole_sessions_in_order(

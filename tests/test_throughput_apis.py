@@ -63,13 +63,13 @@ def test_process_runs_handlers_concurrently_and_settles_in_batches(
         time.sleep(0.002)
         with lock:
             active[0] -= 1
-        if message.message_id.endswith("7") and message.delivery_count == 1:
+        if message.message_id.endswith("7") and message.delivery_count == 0:
             raise RuntimeError("first attempt fails")
 
     stats = receiver.process(handler, max_concurrent_calls=4, batch_size=50, max_wait_time=2)
     assert stats["completed"] == 200 and stats["abandoned"] == 20 and stats["lock_lost"] == 0
     assert 1 < peak[0] <= 4
-    retried = {m for m, count in seen if count == 2}
+    retried = {m for m, count in seen if count == 1}
     assert retried == {f"m{i}" for i in range(200) if i % 10 == 7}
 
 
@@ -182,5 +182,5 @@ def test_receiver_loop_releases_what_it_locked_ahead_but_did_not_hand_out(
         got = other.receive_messages(40 - len(rest), max_wait_time=5)
         assert got, f"only {len(rest)} of the 40 others came back"
         rest += got
-    assert [m.delivery_count for m in rest] == [1] * 40
+    assert [m.delivery_count for m in rest] == [0] * 40
     assert {m.message_id for m in seen + rest} == {f"m{i}" for i in range(50)}
