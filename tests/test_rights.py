@@ -6,6 +6,7 @@ refusals are tested in test_engine_rights.py.)"""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 
 from settlement import ServiceBusClient, ServiceBusMessage
 from settlement.apache_kafka import KafkaCluster
-from settlement.exceptions import ServiceBusAuthorizationError
+from settlement.exceptions import ServiceBusAuthenticationError, ServiceBusAuthorizationError
 from settlement.management import ServiceBusAdministrationClient
 from streams.process import EngineProcess
 from tests.helpers import TEST_BROKER
@@ -117,12 +118,40 @@ def test_the_sdks_admin_constructor_signs_in_with_a_named_key(secured: KafkaClus
         namespace, AzureNamedKeyCredential("manager", USERS["manager"]))
     assert "orders" in {q.name for q in manager.list_queues()}
     manager.close()
-    for key_name, key in (("listener", USERS["listener"]), ("manager", "wrong key")):
-        admin = ServiceBusAdministrationClient(namespace, AzureNamedKeyCredential(key_name, key))
-        with pytest.raises(ClientAuthenticationError) as refused:
-            admin.create_queue("made-with-a-credential")
-        assert refused.value.status_code == 401
-        admin.close()
+    listener = ServiceBusAdministrationClient(
+        namespace, AzureNamedKeyCredential("listener", USERS["listener"]))
+    with pytest.raises(ClientAuthenticationError, match="Manage right") as refused:
+        listener.create_queue("made-with-a-credential")
+    assert refused.value.status_code == 401
+    listener.close()
+
+
+def test_the_sdks_client_constructor_signs_in_with_a_named_key(secured: KafkaCluster) -> None:
+    """``ServiceBusClient(namespace, AzureNamedKeyCredential(...))`` sends and
+    receives; a wrong key is ServiceBusAuthenticationError at once (it is not
+    retried), naming the namespace and the broker's reason."""
+    namespace = f"{secured.bootstrap}/{NS}"
+    message_id = uuid.uuid4().hex
+    with ServiceBusClient(namespace, AzureNamedKeyCredential("sender", USERS["sender"])) as client:
+        assert client.fully_qualified_namespace == namespace
+        client.get_queue_sender("orders").send_messages(
+            ServiceBusMessage("named key", message_id=message_id))
+    with ServiceBusClient(namespace, AzureNamedKeyCredential("listener",
+                                                             USERS["listener"])) as client:
+        receiver = client.get_queue_receiver("orders")
+        received: list[str] = []
+        while message_id not in received:  # other tests' messages may come first
+            batch = receiver.receive_messages(10, max_wait_time=10)
+            assert batch, f"message {message_id} was sent but not received"
+            receiver.complete_messages(batch)
+            received += [m.message_id for m in batch]
+    started = time.monotonic()
+    with ServiceBusClient(namespace, AzureNamedKeyCredential("sender", "wrong key"),
+                          retry_total=5) as client, \
+            pytest.raises(ServiceBusAuthenticationError,
+                          match=f"namespace '{NS}'.*Invalid username or password"):
+        client.get_queue_sender("orders").send_messages(ServiceBusMessage("x"))
+    assert time.monotonic() - started < 5
 
 
 def test_a_principal_of_another_namespace_sees_nothing(secured: KafkaCluster) -> None:
