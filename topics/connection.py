@@ -147,6 +147,8 @@ def parse_connection_string(conn_str: str) -> ConnectionSettings:
     return ConnectionSettings(",".join(hosts), namespace, security)
 
 
+#: ``token_type`` of a ``get_token`` credential whose tokens are SAS tokens (as in the SDK)
+SAS_TOKEN_TYPE = b"servicebus.windows.net:sastoken"
 #: how a SAS token starts (``AzureSasCredential``, ``SharedAccessSignature=``)
 SAS_PREFIX = "SharedAccessSignature "
 
@@ -185,8 +187,10 @@ def settings_from_credential(fully_qualified_namespace: str, credential: Any
     ``SharedAccessKeyName``/``SharedAccessKey`` in a connection string;
     ``AzureSasCredential(token)`` signs in as the token's key name with the
     token as password (a broker configured by :mod:`settlement.apache_kafka`
-    checks its signature and expiry). Azure AD credentials (``get_token``)
-    have nothing to sign in to here."""
+    checks its signature and expiry), and so does a ``get_token`` credential
+    whose ``token_type`` is :data:`SAS_TOKEN_TYPE`; its token is taken once,
+    so it must outlive the client. Azure AD credentials (other ``get_token``
+    credentials) have nothing to sign in to here."""
     from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 
     servers, namespace = parse_fully_qualified_namespace(fully_qualified_namespace)
@@ -194,6 +198,10 @@ def settings_from_credential(fully_qualified_namespace: str, credential: Any
         user, password = credential.named_key
     elif isinstance(credential, AzureSasCredential):
         password = credential.signature
+        user = sas_key_name(password)
+    elif getattr(credential, "token_type", None) == SAS_TOKEN_TYPE:
+        # the SDK's other way to pass a SAS token: a get_token credential of this type
+        password = credential.get_token(f"sb://{fully_qualified_namespace}/.default").token
         user = sas_key_name(password)
     elif hasattr(credential, "get_token"):
         raise TypeError(
