@@ -37,3 +37,10 @@ def refuse(where: str, kwargs: dict[str, Any]) -> None:
         if reason is not None:
             raise TypeError(f"{where}() keyword {name!r} is not supported here: {reason}")
         raise TypeError(f"{where}() got an unexpected keyword argument {name!r}")
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """A ``timeout=`` keyword, checked as the SDK checks it (None: no bound)."""
+    if timeout is not None and timeout <= 0:
+        raise ValueError("The timeout must be greater than 0.")
+    return timeout

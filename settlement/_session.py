@@ -18,6 +18,7 @@ from typing import Any
 
 from settlement import _wire
 from settlement._engine_link import EngineLink, check_reply
+from settlement._keywords import check_timeout, refuse
 from settlement.exceptions import (
     MessageSizeExceededError,
     OperationTimeoutError,
@@ -76,27 +77,30 @@ class ServiceBusSession:
         return session_partition(self._session_id, self._partitions)
 
     # ------------------------------------------------------------------ public
-    def get_state(self, *, timeout: float | None = None, **_: Any) -> bytes | None:
+    def get_state(self, *, timeout: float | None = None, **kwargs: Any) -> bytes | None:
         """The session state, as bytes (None: never set, or cleared)."""
-        state = self._call("session_state")["state"]
+        refuse("get_state", kwargs)
+        state = self._call("session_state", timeout)["state"]
         return None if state is None else base64.b64decode(state)
 
     def set_state(self, state: str | bytes | bytearray | None, *,
-                  timeout: float | None = None, **_: Any) -> None:
+                  timeout: float | None = None, **kwargs: Any) -> None:
         """Store ``state`` with the session (None clears it); it outlives the
         lock, engine restarts and hand-overs between engine workers."""
+        refuse("set_state", kwargs)
         raw = state.encode() if isinstance(state, str) else state
         if raw is not None and len(raw) > MAX_SESSION_STATE:
             raise MessageSizeExceededError(
                 f"session state of {len(raw)} bytes is over the limit of {MAX_SESSION_STATE}: "
                 "keep a reference to larger data (a key in a store) in the state instead")
-        self._call("set_session_state",
+        self._call("set_session_state", timeout,
                    state=None if raw is None else base64.b64encode(bytes(raw)).decode())
 
-    def renew_lock(self, *, timeout: float | None = None, **_: Any) -> dt.datetime:
+    def renew_lock(self, *, timeout: float | None = None, **kwargs: Any) -> dt.datetime:
         """Extend the session lock (and the locks of its received messages) by
         the entity's lock duration; returns the new end."""
-        self._until = _wire.utc_from_ms(self._call("renew_session")["until"])
+        refuse("renew_lock", kwargs)
+        self._until = _wire.utc_from_ms(self._call("renew_session", timeout)["until"])
         return self._until
 
     # ------------------------------------------------------------- internals
@@ -153,10 +157,13 @@ class ServiceBusSession:
             raise self.lost()
         return {"session": self._session_id, "token": self._token}
 
-    def _call(self, op: str, **args: Any) -> dict[str, Any]:
+    def _call(self, op: str, timeout: float | None = None, **args: Any) -> dict[str, Any]:
+        """``op`` on the held session; ``timeout`` bounds the command, retries included."""
+        check_timeout(timeout)
         self.open()
-        reply = self._link.call(self._link.command(op, self._entity, self.partition,
-                                                   **self.args(), **args))
+        reply = self._link.call_many([self._link.command(op, self._entity, self.partition,
+                                                         **self.args(), **args)],
+                                     timeout=timeout)[0]
         if not reply.ok and reply.error_code == "SessionLockLost":
             raise self.lost()
         check_reply(reply, self._entity)

@@ -42,6 +42,12 @@ class AutoLockRenewer:
     def __init__(self, max_lock_renewal_duration: float = 300,
                  on_lock_renew_failure: FailureCallback | None = None,
                  **kwargs: Any) -> None:
+        for name in ("executor", "max_workers"):
+            if name in kwargs:
+                raise TypeError(
+                    f"AutoLockRenewer() keyword {name!r} is not supported here: there is no "
+                    "thread pool to size; one thread renews the due message locks of each "
+                    "receiver together (one command per partition), and one per session")
         refuse("AutoLockRenewer", kwargs)
         self._max_duration = max_lock_renewal_duration
         self._on_failure = on_lock_renew_failure

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from settlement import _read_ahead as read_ahead
 from settlement import _wire
 from settlement._engine_link import EngineLink, check_reply
+from settlement._keywords import check_timeout, refuse
 from settlement._log_reader import PartitionReader
 from settlement._properties import QueueProperties
 from settlement._sequence import split_sequence_number
@@ -39,6 +40,7 @@ from settlement.exceptions import (
 from settlement.message import ServiceBusReceivedMessage
 from settlement.processor import MessageProcessor
 from topics import names
+from topics.commands import Command, Reply
 from topics.connection import ConnectionSettings
 
 if TYPE_CHECKING:
@@ -336,12 +338,14 @@ class ServiceBusReceiver:
         if messages and not self._closed and self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK:
             self.settle_messages(messages, "release")
 
-    def peek_messages(self, max_message_count: int = 1, *,
-                      sequence_number: int = 0, **_: Any
+    def peek_messages(self, max_message_count: int = 1, *, sequence_number: int = 0,
+                      timeout: float | None = None, **kwargs: Any
                       ) -> list[ServiceBusReceivedMessage]:
         """Browse messages without locking them, from ``sequence_number`` (0,
         as in the SDK: where the previous peek stopped); each carries its
-        ``state``."""
+        ``state``. ``timeout`` bounds the whole call, retries included."""
+        refuse("peek_messages", kwargs)
+        deadline = _deadline(timeout)
         self._check_open()
         self._open()
         if sequence_number:
@@ -355,10 +359,10 @@ class ServiceBusReceiver:
             only = {"session": self._session.session_id}
         out: list[ServiceBusReceivedMessage] = []
         while partition < last and len(out) < max_message_count:
-            hw = self._reader(partition).high_watermark()
-            reply = self._link.call(self._link.command(
+            hw = self._reader(partition).high_watermark(_left(deadline, 5.0))
+            reply = self._call(self._link.command(
                 "peek", self._entity, partition, sub=self._sub,
-                **{"from": offset}, max=max_message_count - len(out), hw=hw, **only))
+                **{"from": offset}, max=max_message_count - len(out), hw=hw, **only), deadline)
             check_reply(reply, self.entity_path)
             entries = reply.result["messages"]
             grants = [[o, None, 0, count, reason, description, source, state]
@@ -373,9 +377,13 @@ class ServiceBusReceiver:
         self._peek_from = (partition, offset)
         return out
 
-    def receive_deferred_messages(self, sequence_numbers: int | list[int]
+    def receive_deferred_messages(self, sequence_numbers: int | list[int], *,
+                                  timeout: float | None = None, **kwargs: Any
                                   ) -> list[ServiceBusReceivedMessage]:
-        """Lock and return deferred messages by sequence number."""
+        """Lock and return deferred messages by sequence number; ``timeout``
+        bounds the whole call, retries included."""
+        refuse("receive_deferred_messages", kwargs)
+        deadline = _deadline(timeout)
         self._check_open()
         seqs = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
         by_partition: dict[int, list[int]] = {}
@@ -386,8 +394,8 @@ class ServiceBusReceiver:
             by_partition.setdefault(partition, []).append(offset)
         out = []
         for partition, offsets in sorted(by_partition.items()):
-            reply = self._link.call(self._link.command(
-                "acquire_deferred", self._entity, partition, offsets=offsets))
+            reply = self._call(self._link.command(
+                "acquire_deferred", self._entity, partition, offsets=offsets), deadline)
             check_reply(reply, self.entity_path)
             out += self._materialize(partition, reply.result["grants"])
         self._renew_automatically(out)
@@ -411,13 +419,17 @@ class ServiceBusReceiver:
                 f"{self._entity!r} and cannot be dead-lettered again: complete it instead")
         self._settle_one(message, "dead_letter", reason, error_description)
 
-    def renew_message_lock(self, message: ServiceBusReceivedMessage, **_: Any) -> dt.datetime:
-        """Extend the lock by the queue's lock duration; return the new end."""
+    def renew_message_lock(self, message: ServiceBusReceivedMessage, *,
+                           timeout: float | None = None, **kwargs: Any) -> dt.datetime:
+        """Extend the lock by the queue's lock duration; return the new end.
+        ``timeout`` bounds the call, retries included."""
+        refuse("renew_message_lock", kwargs)
+        check_timeout(timeout)
         if self._session is not None:
             raise TypeError("Renewing message lock is an invalid operation when working with "
                             "sessions: renew the session lock (receiver.session.renew_lock(), "
                             "or AutoLockRenewer.register(receiver, receiver.session))")
-        result = self.settle_messages([message], "renew")[0]
+        result = self.settle_messages([message], "renew", timeout=timeout)[0]
         if result.error is not None:
             raise result.error
         assert message.locked_until_utc is not None
@@ -440,9 +452,13 @@ class ServiceBusReceiver:
         return self.settle_messages(messages, "abandon")
 
     def settle_messages(self, messages: list[ServiceBusReceivedMessage], action: str,
-                        reason: str | None = None, description: str | None = None
-                        ) -> list[SettlementResult]:
-        """Settle a list in one command per partition; answers per message."""
+                        reason: str | None = None, description: str | None = None, *,
+                        timeout: float | None = None) -> list[SettlementResult]:
+        """Settle a list in one command per partition; answers per message.
+        Without a ``timeout``, concurrent calls share commands (see
+        ``settlement._settle_batcher``); with one, each command is sent alone
+        and the call takes at most ``timeout`` seconds, retries included."""
+        deadline = _deadline(timeout)
         self._check_open()
         for message in messages:
             self._check_settleable(message, action)
@@ -457,10 +473,11 @@ class ServiceBusReceiver:
         for partition, messages_of_partition in sorted(by_partition.items()):
             for first in range(0, len(messages_of_partition), per_command):
                 group = messages_of_partition[first:first + per_command]
-                reply = self._batcher.settle(
-                    self._entity, partition,
-                    [[m.offset, m.lock_token, action, reason, description, None, _enqueued_ms(m)]
-                     for m in group])
+                items = [[m.offset, m.lock_token, action, reason, description, None,
+                          _enqueued_ms(m)] for m in group]
+                reply = (self._batcher.settle(self._entity, partition, items) if deadline is None
+                         else self._call(self._link.command("settle", self._entity, partition,
+                                                            items=items), deadline))
                 check_reply(reply, self.entity_path)
                 for message, (status, until) in zip(group, reply.result["results"],
                                                     strict=True):
@@ -512,6 +529,12 @@ class ServiceBusReceiver:
                                 batch_size=batch_size, max_wait_time=max_wait_time,
                                 max_message_count=max_message_count).run()
 
+    def _call(self, cmd: Command, deadline: float | None) -> Reply:
+        """``cmd``'s answer; by ``deadline`` (``time.monotonic()``) if there is one."""
+        if deadline is None:
+            return self._link.call(cmd)
+        return self._link.call_many([cmd], timeout=_left(deadline, 0.0))[0]
+
     def _reader(self, partition: int) -> PartitionReader:
         if partition not in self._readers:
             self._readers[partition] = PartitionReader(self._settings, self._topic, partition)
@@ -539,6 +562,16 @@ class ServiceBusReceiver:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _deadline(timeout: float | None) -> float | None:
+    """When a call given the SDK's ``timeout=`` keyword must be done."""
+    return None if check_timeout(timeout) is None else time.monotonic() + timeout
+
+
+def _left(deadline: float | None, default: float) -> float:
+    """Seconds left until ``deadline`` (``default`` without one)."""
+    return default if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _withhold(message: ServiceBusReceivedMessage, token: str | None, now: dt.datetime

@@ -20,6 +20,7 @@ from settlement import (
 )
 from settlement.amqp import AmqpMessageBodyType
 from settlement.exceptions import AutoLockRenewTimeout, MessageLockLostError
+from settlement.management import ServiceBusAdministrationClient
 
 
 def send(client: ServiceBusClient, queue: str, *ids: str) -> None:
@@ -160,3 +161,39 @@ def test_peek_goes_on_where_it_stopped_and_sees_later_messages(
         later = browser.peek_messages(5)
     assert [m.message_id for m in later] == ["b"]
     assert [m.message_id for m in browser.peek_messages(5, sequence_number=1)] == ["a", "b"]
+
+
+def test_receiver_and_session_methods_honour_timeout_and_refuse_other_keywords(
+        client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+    queue = make_queue(lock_duration=30, partition_count=1)
+    send(client, queue, "a")
+    receiver = client.get_queue_receiver(queue, max_wait_time=10)
+    assert [m.message_id for m in receiver.peek_messages(1, timeout=10)] == ["a"]
+    [message] = receiver.receive_messages(1)
+    assert receiver.renew_message_lock(message, timeout=10) > dt.datetime.now(dt.UTC)
+    receiver.defer_message(message)
+    assert len(receiver.receive_deferred_messages([message.sequence_number], timeout=10)) == 1
+    for call in (receiver.peek_messages, lambda **kw: receiver.renew_message_lock(message, **kw),
+                 lambda **kw: receiver.receive_deferred_messages(1, **kw)):
+        with pytest.raises(ValueError, match="The timeout must be greater than 0"):
+            call(timeout=0)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_option'"):
+            call(no_such_option=1)
+    with pytest.raises(TypeError, match="'max_workers' is not supported here: .{20,}"):
+        AutoLockRenewer(max_workers=4)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_option'"):
+        AutoLockRenewer(no_such_option=1)
+
+
+def test_session_methods_honour_timeout_and_refuse_other_keywords(
+        admin: ServiceBusAdministrationClient, client: ServiceBusClient, queue_name: str) -> None:
+    admin.create_queue(queue_name, requires_session=True)
+    with client.get_queue_receiver(queue_name, session_id="s", max_wait_time=5) as receiver:
+        session = receiver.session
+        session.set_state("st", timeout=10)
+        assert session.get_state(timeout=10) == b"st"
+        assert session.renew_lock(timeout=10) > dt.datetime.now(dt.UTC)
+        for call in (session.get_state, session.renew_lock,
+                     lambda **kw: session.set_state(None, **kw)):
+            with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_option'"):
+                call(no_such_option=1)
