@@ -18,7 +18,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from settlement.exceptions import ServiceBusError, ServiceBusServerBusyError
 
@@ -107,9 +107,3 @@ class RetryPolicy:
             return None
         return wait
 
-
-def policy_from(options: dict[str, Any]) -> RetryPolicy:
-    """Take the ``retry_*`` options out of ``options`` (a client's keyword
-    arguments) and return their policy."""
-    names = ("retry_total", "retry_backoff_factor", "retry_backoff_max", "retry_mode")
-    return RetryPolicy.from_options(**{n: options.pop(n) for n in names if n in options})
