@@ -13,9 +13,11 @@ that one broker:
    receiver.complete_message(m)`` calls (``asyncio.gather``), one settle per
    call as SDK code writes it. The clock runs over the completes only
    (receive + complete end to end is reported beside), and the engine
-   commands they cost are counted.
+   commands they cost are counted;
+4. beside it, its floor: the same rounds with each batch completed by one
+   sync ``complete_messages`` call (one settle command of 1,000, no asyncio).
 
-Every message of the async phase must be received and settled exactly once
+Every message of phases 3 and 4 must be received and settled exactly once
 (by message id, and nothing left in the queue). The table goes to stdout,
 the figures to ``bench/results/aio.json`` (``aio-kafka.json`` on Apache Kafka).
 """
@@ -65,8 +67,11 @@ log = logging.getLogger("bench.aio")
 
 
 async def concurrent_completes(conn: str, queue: str, ids: list[str], concurrency: int,
-                               meter: CpuMeter) -> Phase:
-    """Receive ``concurrency`` messages, complete them all concurrently; repeat."""
+                               meter: CpuMeter, *, one_call: bool = False) -> Phase:
+    """Receive ``concurrency`` messages, complete them all concurrently; repeat.
+    With ``one_call``, each round is instead one sync ``complete_messages``
+    call of the whole batch: one settle command with no asyncio around it,
+    the floor of what grouping can reach."""
     received: Counter[str] = Counter()
     settled: Counter[str] = Counter()
     failures: list[str] = []
@@ -88,8 +93,12 @@ async def concurrent_completes(conn: str, queue: str, ids: list[str], concurrenc
                     break
                 received.update(m.message_id for m in batch)
                 with Timed(meter) as t:
-                    results = await asyncio.gather(
-                        *(receiver.complete_message(m) for m in batch), return_exceptions=True)
+                    if one_call:
+                        results = [r.error for r in receiver._opened().complete_messages(batch)]
+                    else:
+                        results = await asyncio.gather(
+                            *(receiver.complete_message(m) for m in batch),
+                            return_exceptions=True)
                 round_s.append(t.seconds)
                 cpu = t.cpu  # the last round's: rounds are alike
                 for message, result in zip(batch, results, strict=True):
@@ -99,14 +108,17 @@ async def concurrent_completes(conn: str, queue: str, ids: list[str], concurrenc
                         failures.append(f"{message.message_id}: {result!r}")
             end_to_end = time.perf_counter() - started
             leftover = await receiver.receive_messages(10, max_wait_time=0.5)
-        commands = client._settles.commands_sent
+        commands = client._sync._batcher.commands_sent if client._sync._batcher else 0
     check = check_exactly_once(ids, received, settled, len(failures))
     check["left_in_queue"] = len(leftover)
     check["ok"] = check["ok"] and not leftover
     if failures:
         check["failure_sample"] = failures[:3]
-    return Phase("aio_concurrent_complete",
-                 f"aio: {concurrency:,} concurrent await complete_message", len(ids), sum(round_s),
+    key, label = (("one_settle_command", f"floor: sync complete_messages({concurrency:,}) per "
+                   "round") if one_call else
+                  ("aio_concurrent_complete", f"aio: {concurrency:,} concurrent await "
+                   "complete_message"))
+    return Phase(key, label, len(ids), sum(round_s),
                  cpu=cpu, check=check,
                  extra={"rounds": len(round_s), "engine_commands": commands,
                         "round_ms_p50": round(percentile(round_s, 50) * 1000, 1),
@@ -125,7 +137,7 @@ def render(result: dict[str, Any]) -> str:
              f"{result['messages']:,} messages x {result['size']} B per phase", ""]
     head = f"{'figure':<62} {'msg/s':>10}  {'cores client/engine/broker':>26}"
     lines += [head, "-" * len(head)]
-    for key in ("raw_consume", "raw_produce_lists", "peek_lock_batch",
+    for key in ("raw_consume", "raw_produce_lists", "peek_lock_batch", "one_settle_command",
                 "aio_concurrent_complete"):
         p = ph[key]
         busy = "/".join(f"{p['cpu_cores'].get(k, 0):.2f}" for k in ("client", "engine",
@@ -181,7 +193,7 @@ def measure(args: argparse.Namespace, work: Path, step: Callable[[str], None]
     with broker_and_engine(args.broker, work) as (conn, meter, worker), \
             ServiceBusAdministrationClient.from_connection_string(conn) as admin, \
             ServiceBusClient.from_connection_string(conn) as client:
-        for queue in ("warmup", "peek", "aio"):
+        for queue in ("warmup", "peek", "floor", "aio"):
             admin.create_queue(queue, lock_duration=LOCK_SECONDS, max_delivery_count=10)
         assert worker.proc is not None
         step(f"engine ready after {wait_for_engine(client, 'warmup', worker.proc):.1f}s; "
@@ -197,6 +209,12 @@ def measure(args: argparse.Namespace, work: Path, step: Callable[[str], None]
         send(client, "peek", msgs, CHUNK)
         phases["peek_lock_batch"] = settle_in_batches(
             client, "peek", [m.message_id for m in msgs], CHUNK, meter)
+        step(f"floor: receive({args.concurrency:,}) + one sync complete_messages call")
+        msgs = make_messages("f", n, size)
+        send(client, "floor", msgs, CHUNK)
+        phases["one_settle_command"] = asyncio.run(concurrent_completes(
+            conn, "floor", [m.message_id for m in msgs], args.concurrency, meter,
+            one_call=True))
         step(f"aio: {args.concurrency:,} concurrent await complete_message")
         msgs = make_messages("a", n, size)
         send(client, "aio", msgs, CHUNK)
