@@ -53,10 +53,12 @@ class SettleGroups:
         self._flushers: dict[tuple[str, int], asyncio.Task[None]] = {}
         self.commands_sent = 0
 
-    async def settle(self, receiver: SyncReceiver, message: ServiceBusReceivedMessage,
-                     action: str, reason: str | None = None,
-                     description: str | None = None) -> None:
-        """Settle ``message``; raise its own error if the engine refused it."""
+    def settle(self, receiver: SyncReceiver, message: ServiceBusReceivedMessage, action: str,
+               reason: str | None = None, description: str | None = None
+               ) -> asyncio.Future[None]:
+        """Queue the settlement of ``message``; the future ends with its own
+        answer (its error, if the engine refused it). A plain function, not a
+        coroutine: a thousand concurrent calls cost a thousand fewer frames."""
         receiver._check_open()
         receiver._check_settleable(message, action)
         item = [message.offset, message.lock_token, action, reason, description, None,
@@ -69,7 +71,7 @@ class SettleGroups:
             # The task's first step runs after the coroutines already ready
             # in this loop iteration: their settles join the first command.
             self._flushers[window] = asyncio.create_task(self._flush(window))
-        await settle.answer
+        return settle.answer
 
     async def _flush(self, window: tuple[str, int]) -> None:
         """Send the window's queued settles, a command at a time, until none is left."""
