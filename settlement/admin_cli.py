@@ -86,6 +86,10 @@ ENTITY_OPTIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "forward_dead_letters_to": (
         "--forward-dead-letters-to", "forward_dead_lettered_messages_to", dict(
             metavar="ENTITY", help="forward dead letters to this queue or topic")),
+    "auto_delete_on_idle": ("--auto-delete-on-idle", "auto_delete_on_idle", dict(
+        type=float, metavar="SECONDS",
+        help="the engine deletes the entity once nothing used it for this long (no sends, "
+             "receives, settlements or changes); at least 300 s (default: never)")),
     "max_size": ("--max-size-in-megabytes", "max_size_in_megabytes", dict(
         type=int, metavar="MB",
         help="what the entity may hold; a send that would pass it fails with "
@@ -93,13 +97,15 @@ ENTITY_OPTIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 QUEUE_OPTIONS = ("lock_duration", "max_delivery_count", "partitions", "default_ttl",
                  "dead_letter_on_expiration", "duplicate_detection", "requires_session",
-                 "forward_to", "forward_dead_letters_to", "max_size")
-TOPIC_OPTIONS = ("partitions", "default_ttl", "duplicate_detection", "max_size")
+                 "forward_to", "forward_dead_letters_to", "max_size", "auto_delete_on_idle")
+TOPIC_OPTIONS = ("partitions", "default_ttl", "duplicate_detection", "max_size",
+                 "auto_delete_on_idle")
 #: what cannot change once the entity exists (``update`` does not offer it)
 FIXED_OPTIONS = ("partitions", "requires_session")
 SUBSCRIPTION_OPTIONS = ("lock_duration", "max_delivery_count", "default_ttl",
                         "dead_letter_on_expiration", "dead_letter_on_filter_errors",
-                        "requires_session", "forward_to", "forward_dead_letters_to")
+                        "requires_session", "forward_to", "forward_dead_letters_to",
+                        "auto_delete_on_idle")
 
 #: What each ``show`` prints, in order.
 QUEUE_FIELDS = ("name", "lock_duration", "max_delivery_count", "partition_count",
@@ -107,17 +113,18 @@ QUEUE_FIELDS = ("name", "lock_duration", "max_delivery_count", "partition_count"
                 "default_message_time_to_live",
                 "dead_lettering_on_message_expiration", "requires_duplicate_detection",
                 "duplicate_detection_history_time_window", "requires_session", "forward_to",
-                "forward_dead_lettered_messages_to", "created_at_utc")
+                "forward_dead_lettered_messages_to", "auto_delete_on_idle", "created_at_utc",
+                "updated_at_utc")
 TOPIC_FIELDS = ("name", "partition_count", "max_message_size_in_kilobytes",
                 "max_size_in_megabytes", "default_message_time_to_live",
                 "requires_duplicate_detection", "duplicate_detection_history_time_window",
-                "created_at_utc", "updated_at_utc")
+                "auto_delete_on_idle", "created_at_utc", "updated_at_utc")
 SUBSCRIPTION_FIELDS = ("name", "topic_name", "lock_duration", "max_delivery_count",
                        "default_message_time_to_live", "dead_lettering_on_message_expiration",
                        "dead_lettering_on_filter_evaluation_exceptions", "requires_session",
                        "forward_to",
                        "forward_dead_lettered_messages_to", "partition_count",
-                       "created_at_utc", "updated_at_utc")
+                       "auto_delete_on_idle", "created_at_utc", "updated_at_utc")
 COUNT_FIELDS = ("active_message_count", "dead_letter_message_count", "deferred_message_count",
                 "locked_message_count", "scheduled_message_count",
                 "transfer_dead_letter_message_count", "total_message_count")

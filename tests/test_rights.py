@@ -118,12 +118,13 @@ def test_the_sdks_admin_constructor_signs_in_with_a_named_key(secured: KafkaClus
         namespace, AzureNamedKeyCredential("manager", USERS["manager"]))
     assert "orders" in {q.name for q in manager.list_queues()}
     manager.close()
-    listener = ServiceBusAdministrationClient(
-        namespace, AzureNamedKeyCredential("listener", USERS["listener"]))
-    with pytest.raises(ClientAuthenticationError, match="Manage right") as refused:
-        listener.create_queue("made-with-a-credential")
-    assert refused.value.status_code == 401
-    listener.close()
+    for key_name, key, reason in (("listener", USERS["listener"], "Manage right"),
+                                  ("manager", "wrong key", "did not accept")):
+        admin = ServiceBusAdministrationClient(namespace, AzureNamedKeyCredential(key_name, key))
+        with pytest.raises(ClientAuthenticationError, match=reason) as refused:
+            admin.create_queue("made-with-a-credential")
+        assert refused.value.status_code == 401
+        admin.close()
 
 
 def test_the_sdks_client_constructor_signs_in_with_a_named_key(secured: KafkaCluster) -> None:

@@ -6,6 +6,7 @@ its properties."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 import uuid
 from pathlib import Path
@@ -15,8 +16,9 @@ from azure.core.credentials import AzureNamedKeyCredential
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 
 from settlement import ServiceBusClient, ServiceBusMessage
+from settlement.cli import main
 from settlement.exceptions import MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError
-from settlement.management import ServiceBusAdministrationClient
+from settlement.management import ServiceBusAdministrationClient, SqlRuleFilter
 from streams.process import EngineProcess
 from tests.helpers import Broker
 
@@ -126,6 +128,9 @@ def test_topic_and_subscription_options(admin: ServiceBusAdministrationClient,
     assert admin.get_topic(queue_name).user_metadata == "n"
     assert [r.name for r in admin.list_subscriptions_runtime_properties(queue_name)] == ["s"]
     assert queue_name in {t.name for t in admin.list_topics_runtime_properties()}
+    rule = admin.get_rule(queue_name, "s", "$Default")
+    admin.update_rule(queue_name, "s", rule, filter=SqlRuleFilter("priority > 1"))
+    assert admin.get_rule(queue_name, "s", "$Default").filter.sql_expression == "priority > 1"
     with pytest.raises(TypeError, match="create_subscription.*forward_to_entity"):
         admin.create_subscription(queue_name, "t", forward_to_entity="x")
     admin.delete_topic(queue_name)
@@ -187,3 +192,18 @@ def test_entities_idle_for_their_auto_delete_on_idle_are_deleted(broker: Broker,
     finally:
         engine.stop()
     assert "deleting queue 'unused': idle for" in engine.log_path.read_text()
+
+
+def test_the_cli_sets_and_shows_auto_delete_on_idle(conn: str, queue_name: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    cs = ("--connection-string", conn)
+    assert main(["queue", "create", queue_name, "--auto-delete-on-idle", "600", *cs]) == 0
+    assert main(["queue", "update", queue_name, "--auto-delete-on-idle", "900", *cs]) == 0
+    capsys.readouterr()
+    assert main(["queue", "show", queue_name, *cs]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^auto_delete_on_idle\s+900s$", out, re.MULTILINE), out
+    assert re.search(r"^updated_at_utc\s+\d{4}-", out, re.MULTILINE), out
+    assert main(["queue", "update", queue_name, "--auto-delete-on-idle", "60", *cs]) != 0
+    assert "at least 5 minutes" in capsys.readouterr().err
+    assert main(["queue", "delete", queue_name, *cs]) == 0

@@ -20,6 +20,7 @@ from settlement._properties import (
 from settlement._retry import RetryPolicy
 from settlement._session_listing import SessionRuntimeProperties, list_sessions
 from settlement._settled_stats import add_counts, log_ends, settled_stats
+from settlement._sign_in import check_sign_in
 from settlement._topic_properties import SubscriptionProperties, SubscriptionRuntimeProperties
 from settlement.exceptions import (
     MessagingEntityAlreadyExistsError,
@@ -82,8 +83,24 @@ class ServiceBusAdministrationClient(TopicAdministration):
     def _open(self, settings: ConnectionSettings) -> None:
         self._settings = settings
         self._admin = AdminClient(settings.kafka_config())
-        self._registry = EntityRegistry(settings)
+        self._entities = EntityRegistry(settings)
         self._link: EngineLink | None = None
+        self._signed_in = False
+
+    @property
+    def _registry(self) -> EntityRegistry:
+        """The entities' definitions, once signed in (every call starts here
+        or at :meth:`_provision`)."""
+        self._sign_in()
+        return self._entities
+
+    def _sign_in(self) -> None:
+        """Credentials the broker refuses raise ``ClientAuthenticationError``
+        (:class:`ServiceBusAuthenticationError`) at the first call, as the
+        SDK's do, instead of the call timing out while librdkafka retries."""
+        if not self._signed_in:
+            check_sign_in(self._settings)
+            self._signed_in = True
 
     def create_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
         """Create the queue's log and definition; raise ``ResourceExistsError``
@@ -135,6 +152,7 @@ class ServiceBusAdministrationClient(TopicAdministration):
         return props
 
     def _provision(self, topics: list[specs.TopicSpec]) -> None:
+        self._sign_in()
         try:
             specs.provision(self._admin, topics, self._settings.profile.replication_factor)
         except specs.ProvisioningError as exc:

@@ -240,16 +240,18 @@ class TopicAdministration:
         self._registry.get_subscription(topic_name, subscription_name, fresh=True)
         return self._registry.rules_of(topic_name, subscription_name)
 
-    def update_rule(self, topic_name: str, subscription_name: str, rule: RuleProperties,
-                    **kwargs: Any) -> None:
-        """Replace a rule's filter and action: messages not yet evaluated
-        follow the new rule."""
-        refuse("update_rule", kwargs)
-        current = self._registry.get_rule(topic_name, subscription_name, rule.name, fresh=True)
+    def update_rule(self, topic_name: str, subscription_name: str,
+                    rule: RuleProperties | Mapping[str, Any], **kwargs: Any) -> None:
+        """Replace a rule's filter and action (``filter=``/``action=`` over
+        ``rule``'s, as in the SDK): messages not yet evaluated follow the new
+        rule."""
+        current = self._registry.get_rule(topic_name, subscription_name, name_of(rule),
+                                          fresh=True)
+        wanted = overridden("update_rule", current, rule, kwargs)
         sub = self._registry.get_subscription(topic_name, subscription_name)
-        updated = _compiled(RuleProperties(rule.name, rule.filter, rule.action,
+        updated = _compiled(RuleProperties(current.name, wanted.filter, wanted.action,
                                            current.created_at_utc))
-        key = names.rule_key(topic_name, subscription_name, rule.name)
+        key = names.rule_key(topic_name, subscription_name, current.name)
         self._engine_follows(sub.path, sub.partition_count, self._registry.put(updated, key))
 
     def delete_rule(self, topic_name: str, subscription_name: str, rule_name: str,
