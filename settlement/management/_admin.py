@@ -11,7 +11,6 @@ from confluent_kafka.admin import AdminClient
 
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
-from settlement._keywords import refuse
 from settlement._namespace import NAMESPACE_KEY, NamespaceProperties
 from settlement._properties import (
     QueueProperties,
@@ -34,6 +33,7 @@ from settlement.management._topics import TopicAdministration, name_of, updated
 from settlement.management._validation import (
     overridden,
     positive_or_none,
+    refuse_admin,
     sdk_options,
     validated,
     validated_log,
@@ -64,13 +64,13 @@ class ServiceBusAdministrationClient(TopicAdministration):
                  ) -> None:
         # api_version, and azure-core's HTTP pipeline options, have no
         # meaning over Kafka: refused, with the others.
-        refuse("ServiceBusAdministrationClient", kwargs)
+        refuse_admin("ServiceBusAdministrationClient", kwargs)
         self._open(settings_from_credential(fully_qualified_namespace, credential))
 
     @classmethod
     def from_connection_string(cls, conn_str: str, **kwargs: Any
                                ) -> ServiceBusAdministrationClient:
-        refuse("from_connection_string", kwargs)
+        refuse_admin("from_connection_string", kwargs)
         return cls._from_settings(parse_connection_string(conn_str))
 
     @classmethod
@@ -135,7 +135,7 @@ class ServiceBusAdministrationClient(TopicAdministration):
 
     def get_namespace_properties(self, **kwargs: Any) -> NamespaceProperties:
         """The namespace's settings: its limit of engine commands per second."""
-        refuse("get_namespace_properties", kwargs)
+        refuse_admin("get_namespace_properties", kwargs)
         return self._registry.namespace_properties()
 
     def update_namespace_properties(self, *, max_commands_per_second: int | None
@@ -186,22 +186,22 @@ class ServiceBusAdministrationClient(TopicAdministration):
                                       f"{reply.error_message}", error_code=reply.error_code)
 
     def get_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
-        refuse("get_queue", kwargs)
+        refuse_admin("get_queue", kwargs)
         return self._registry.get(queue_name, fresh=True)
 
     def list_queues(self, **kwargs: Any) -> list[QueueProperties]:
-        refuse("list_queues", kwargs)
+        refuse_admin("list_queues", kwargs)
         return sorted(self._registry.load().values(), key=lambda q: q.name)
 
     def list_queues_runtime_properties(self, **kwargs: Any) -> list[QueueRuntimeProperties]:
-        refuse("list_queues_runtime_properties", kwargs)
+        refuse_admin("list_queues_runtime_properties", kwargs)
         return [self.get_queue_runtime_properties(q.name) for q in self.list_queues()]
 
     def delete_queue(self, queue_name: str, **kwargs: Any) -> None:
         """Delete the queue's definition and its log. The engine forgets the
         queue's windows once it reads the deletion (a client cannot make it
         forget them); this waits until it has."""
-        refuse("delete_queue", kwargs)
+        refuse_admin("delete_queue", kwargs)
         props = self._registry.get(queue_name, fresh=True)
         self._engine_follows(queue_name, props.partition_count,
                              self._registry.put(None, queue_name))
@@ -215,14 +215,14 @@ class ServiceBusAdministrationClient(TopicAdministration):
         """Each session of a session-enabled queue: its active message count,
         whether it is locked and until when, and its state's size (what the
         SDK's ``list_queue_sessions`` ids leave out)."""
-        refuse("list_queue_sessions_runtime_properties", kwargs)
+        refuse_admin("list_queue_sessions_runtime_properties", kwargs)
         props = self._registry.get(queue_name, fresh=True)
         return list(list_sessions(self._engine(), props))
 
     def get_queue_runtime_properties(self, queue_name: str, **kwargs: Any
                                      ) -> QueueRuntimeProperties:
         """Counts from the engine, against the log ends."""
-        refuse("get_queue_runtime_properties", kwargs)
+        refuse_admin("get_queue_runtime_properties", kwargs)
         props = self._registry.get(queue_name, fresh=True)
         runtime = QueueRuntimeProperties(queue_name, created_at_utc=props.created_at_utc,
                                          updated_at_utc=props.updated_at_utc)

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer
 
-from settlement._keywords import refuse
 from settlement._rules import RuleFilter, RuleProperties, SqlRuleAction, TrueRuleFilter
 from settlement._session_listing import SessionRuntimeProperties, list_sessions
 from settlement._topic_properties import (
@@ -31,6 +30,7 @@ from settlement.exceptions import MessagingEntityAlreadyExistsError
 from settlement.management._validation import (
     as_timedeltas,
     overridden,
+    refuse_admin,
     sdk_options,
     validated,
     validated_log,
@@ -86,15 +86,15 @@ class TopicAdministration:
         return props
 
     def get_topic(self, topic_name: str, **kwargs: Any) -> TopicProperties:
-        refuse("get_topic", kwargs)
+        refuse_admin("get_topic", kwargs)
         return self._registry.get_topic(topic_name, fresh=True)
 
     def list_topics(self, **kwargs: Any) -> list[TopicProperties]:
-        refuse("list_topics", kwargs)
+        refuse_admin("list_topics", kwargs)
         return sorted(self._registry.topics().values(), key=lambda t: t.name)
 
     def list_topics_runtime_properties(self, **kwargs: Any) -> list[TopicRuntimeProperties]:
-        refuse("list_topics_runtime_properties", kwargs)
+        refuse_admin("list_topics_runtime_properties", kwargs)
         return [self.get_topic_runtime_properties(t.name) for t in self.list_topics()]
 
     def update_topic(self, topic: TopicProperties | Mapping[str, Any], **kwargs: Any) -> None:
@@ -110,7 +110,7 @@ class TopicAdministration:
 
     def delete_topic(self, topic_name: str, **kwargs: Any) -> None:
         """Delete the topic, its subscriptions and their rules, and its log."""
-        refuse("delete_topic", kwargs)
+        refuse_admin("delete_topic", kwargs)
         self._registry.get_topic(topic_name, fresh=True)
         for sub in self._registry.subscriptions_of(topic_name):
             self.delete_subscription(topic_name, sub.name)
@@ -123,7 +123,7 @@ class TopicAdministration:
                                      ) -> TopicRuntimeProperties:
         """The topic's subscription count; its scheduled messages are those of
         the subscription holding most (each subscription parks its own)."""
-        refuse("get_topic_runtime_properties", kwargs)
+        refuse_admin("get_topic_runtime_properties", kwargs)
         props = self._registry.get_topic(topic_name, fresh=True)
         subs = [self.get_subscription_runtime_properties(topic_name, s.name)
                 for s in self._registry.subscriptions_of(topic_name)]
@@ -156,18 +156,18 @@ class TopicAdministration:
 
     def get_subscription(self, topic_name: str, subscription_name: str, **kwargs: Any
                          ) -> SubscriptionProperties:
-        refuse("get_subscription", kwargs)
+        refuse_admin("get_subscription", kwargs)
         return self._registry.get_subscription(topic_name, subscription_name, fresh=True)
 
     def list_subscriptions(self, topic_name: str, **kwargs: Any
                            ) -> list[SubscriptionProperties]:
-        refuse("list_subscriptions", kwargs)
+        refuse_admin("list_subscriptions", kwargs)
         self._registry.get_topic(topic_name, fresh=True)
         return self._registry.subscriptions_of(topic_name)
 
     def list_subscriptions_runtime_properties(self, topic_name: str, **kwargs: Any
                                               ) -> list[SubscriptionRuntimeProperties]:
-        refuse("list_subscriptions_runtime_properties", kwargs)
+        refuse_admin("list_subscriptions_runtime_properties", kwargs)
         return [self.get_subscription_runtime_properties(topic_name, s.name)
                 for s in self.list_subscriptions(topic_name)]
 
@@ -187,7 +187,7 @@ class TopicAdministration:
     def delete_subscription(self, topic_name: str, subscription_name: str, **kwargs: Any
                             ) -> None:
         """Delete a subscription and its rules; the engine forgets its windows."""
-        refuse("delete_subscription", kwargs)
+        refuse_admin("delete_subscription", kwargs)
         props = self._registry.get_subscription(topic_name, subscription_name, fresh=True)
         for rule in self._registry.rules_of(topic_name, subscription_name):
             self._registry.put(None, names.rule_key(topic_name, subscription_name, rule.name))
@@ -199,13 +199,13 @@ class TopicAdministration:
     ) -> list[SessionRuntimeProperties]:
         """Each session of a session-enabled subscription: its active message
         count, whether it is locked and until when, its state's size."""
-        refuse("list_subscription_sessions_runtime_properties", kwargs)
+        refuse_admin("list_subscription_sessions_runtime_properties", kwargs)
         props = self._registry.get_subscription(topic_name, subscription_name, fresh=True)
         return list(list_sessions(self._engine(), props))
 
     def get_subscription_runtime_properties(self, topic_name: str, subscription_name: str,
                                             **kwargs: Any) -> SubscriptionRuntimeProperties:
-        refuse("get_subscription_runtime_properties", kwargs)
+        refuse_admin("get_subscription_runtime_properties", kwargs)
         props = self._registry.get_subscription(topic_name, subscription_name, fresh=True)
         runtime = SubscriptionRuntimeProperties(subscription_name,
                                                 created_at_utc=props.created_at_utc,
@@ -219,7 +219,7 @@ class TopicAdministration:
                     action: SqlRuleAction | None = None, **kwargs: Any) -> RuleProperties:
         """Add a rule; a message the subscription's rules match is delivered
         to it once. Invalid SQL is refused with the position of the error."""
-        refuse("create_rule", kwargs)
+        refuse_admin("create_rule", kwargs)
         sub = self._registry.get_subscription(topic_name, subscription_name, fresh=True)
         key = names.rule_key(topic_name, subscription_name, rule_name)
         if key in self._registry.load_all():
@@ -231,12 +231,12 @@ class TopicAdministration:
 
     def get_rule(self, topic_name: str, subscription_name: str, rule_name: str, **kwargs: Any
                  ) -> RuleProperties:
-        refuse("get_rule", kwargs)
+        refuse_admin("get_rule", kwargs)
         return self._registry.get_rule(topic_name, subscription_name, rule_name, fresh=True)
 
     def list_rules(self, topic_name: str, subscription_name: str, **kwargs: Any
                    ) -> list[RuleProperties]:
-        refuse("list_rules", kwargs)
+        refuse_admin("list_rules", kwargs)
         self._registry.get_subscription(topic_name, subscription_name, fresh=True)
         return self._registry.rules_of(topic_name, subscription_name)
 
@@ -256,7 +256,7 @@ class TopicAdministration:
 
     def delete_rule(self, topic_name: str, subscription_name: str, rule_name: str,
                     **kwargs: Any) -> None:
-        refuse("delete_rule", kwargs)
+        refuse_admin("delete_rule", kwargs)
         self._registry.get_rule(topic_name, subscription_name, rule_name, fresh=True)
         sub = self._registry.get_subscription(topic_name, subscription_name)
         key = names.rule_key(topic_name, subscription_name, rule_name)

@@ -43,6 +43,31 @@ _REFUSED = {
 }
 
 
+#: what the SDK's administration client passes to its HTTP pipeline -> why it
+#: does not apply here (every call is Kafka requests and engine commands)
+_HTTP_OPTIONS = {
+    "api_version": "there is no Service Bus REST API here: the client speaks Kafka's "
+                   "protocol and the engine's commands",
+    "headers": "there are no HTTP requests to add headers to",
+    "transport": "there is no HTTP transport to replace",
+    "policies": "there is no HTTP pipeline to add policies to",
+    "logging_enable": "there is no HTTP traffic to log; set the level of the "
+                      "'settlement' loggers instead",
+    "retry_total": "calls to the engine retry twice on their own (5 s per attempt)",
+    "timeout": "calls to the engine retry twice on their own (5 s per attempt)",
+}
+
+
+def refuse_admin(where: str, kwargs: dict[str, Any]) -> None:
+    """:func:`settlement._keywords.refuse`, saying also why the SDK's HTTP
+    options do not apply to the administration client."""
+    for name in kwargs:
+        if name in _HTTP_OPTIONS:
+            raise TypeError(f"{where}() keyword {name!r} is not supported here: "
+                            f"{_HTTP_OPTIONS[name]}")
+    refuse(where, kwargs)
+
+
 def sdk_options(where: str, cls: type, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The options of a ``create_*`` or ``update_*`` call (or the entries of
     the dict the SDK's ``update_*`` also take) that set a field of ``cls``,
@@ -65,7 +90,7 @@ def sdk_options(where: str, cls: type, kwargs: Mapping[str, Any]) -> dict[str, A
                                 f"here: {why}")
         else:
             rest[name] = value
-    refuse(where, rest)
+    refuse_admin(where, rest)
     return as_timedeltas(honoured)
 
 
