@@ -174,3 +174,19 @@ def test_admin_client_is_awaitable_and_lists_asynchronously(conn: str, queue_nam
             assert queue_name not in [q.name async for q in admin.list_queues()]
 
     run(main())
+
+
+def test_receiver_with_an_auto_lock_renewer_renews_what_it_receives(
+        conn: str, make_queue: Callable[..., str]) -> None:
+    queue = make_queue(lock_duration=2)
+
+    async def main() -> None:
+        async with ServiceBusClient.from_connection_string(conn) as client, \
+                AutoLockRenewer() as renewer:
+            await send(client, queue, "slow")
+            async with client.get_queue_receiver(queue, auto_lock_renewer=renewer) as receiver:
+                [message] = await receiver.receive_messages(1, max_wait_time=10)
+                await asyncio.sleep(3.5)  # past the 2 s lock
+                await receiver.complete_message(message)
+
+    run(main())
