@@ -50,6 +50,8 @@ from topics.commands import Command, command_partition
 from topics.offsets import log_end_offsets
 
 log = logging.getLogger(__name__)
+#: the definitions that have an ``auto_delete_on_idle``
+Deletable = QueueProperties | TopicProperties | SubscriptionProperties
 #: how often idle entities are looked for
 CHECK_INTERVAL_S = 30.0
 #: the private test hook (see the module's docstring)
@@ -80,9 +82,9 @@ class IdleTracker:
             self._used[entity] = time.time()
         self._ends[entity] = ends
 
-    def idle_for(self, name: str, definition: Definition) -> float:
+    def idle_for(self, name: str, definition: Deletable) -> float:
         """Seconds since ``name`` was last used, on the (scaled) idle clock."""
-        changed = definition.updated_at_utc.timestamp()  # type: ignore[union-attr]
+        changed = definition.updated_at_utc.timestamp()
         last = max(self._started, changed, self._used.get(name, 0.0))
         return (time.time() - last) * _CLOCK_SCALE
 
@@ -105,26 +107,27 @@ async def _count_from_now(sender: object, **_: object) -> None:
     _tracker.restart()
 
 
-def _watched(known: dict[str, Definition]) -> list[tuple[str, Definition]]:
+def _watched(known: dict[str, Definition]) -> list[tuple[str, Deletable]]:
     """The entities with an ``auto_delete_on_idle`` whose first window this
     worker owns."""
     assigned = app.consumer.assignment()
     topic = commands_topic.get_topic_name()
     return [(name, d) for name, d in known.items()
-             if isinstance(d, QueueProperties | TopicProperties | SubscriptionProperties)
+             if isinstance(d, Deletable)
              and d.auto_delete_on_idle < DEFAULT_TTL
              and TP(topic, command_partition(names.window_key(name, 0),
                                              specs.ENGINE_PARTITIONS)) in assigned]
 
 
-def _read_log_ends(known: list[tuple[str, Definition]]) -> None:
+def _read_log_ends(known: list[tuple[str, Deletable]]) -> None:
     """Note the sends to the watched queues and topics (their logs' ends).
     A log that cannot be read counts as in use: nothing is deleted unseen."""
+    logs = [(name, d) for name, d in known if not isinstance(d, SubscriptionProperties)]
+    if not logs:
+        return
     consumer = Consumer(settings.consumer_config(f"idle-{uuid.uuid4().hex[:8]}"))
     try:
-        for name, definition in known:
-            if isinstance(definition, SubscriptionProperties):
-                continue
+        for name, definition in logs:
             topic = (names.topic_log(settings.namespace, name)
                      if isinstance(definition, TopicProperties)
                      else names.entity_log(settings.namespace, name))
@@ -142,43 +145,39 @@ def _read_log_ends(known: list[tuple[str, Definition]]) -> None:
         consumer.close()
 
 
-def _delete(admin: ServiceBusAdministrationClient, name: str, definition: Definition) -> None:
+def _delete(name: str, definition: Deletable) -> None:
     """Delete as the administration client does; gone already is fine."""
+    admin = _admin()
     try:
         if isinstance(definition, QueueProperties):
             admin.delete_queue(name)
         elif isinstance(definition, TopicProperties):
             admin.delete_topic(name)
-        elif isinstance(definition, SubscriptionProperties):
+        else:
             admin.delete_subscription(definition.topic_name, definition.name)
     except MessagingEntityNotFoundError:  # e.g. a subscription of a topic deleted before
         pass
     _tracker.forget(name)
 
 
-def check_once(admin: ServiceBusAdministrationClient) -> list[str]:
-    """Delete every watched entity idle for its ``auto_delete_on_idle``;
-    returns their names."""
+def check_once() -> None:
+    """Delete every watched entity idle for its ``auto_delete_on_idle``."""
     watched = _watched(definitions().entities())
     _read_log_ends(watched)
-    deleted = []
     for name, definition in watched:
         idle = _tracker.idle_for(name, definition)
-        limit = definition.auto_delete_on_idle  # type: ignore[union-attr]
+        limit = definition.auto_delete_on_idle
         if idle >= limit.total_seconds():
             log.info("deleting %s %r: idle for %s, its auto_delete_on_idle is %s",
                      type(definition).__name__.removesuffix("Properties").lower(), name,
                      dt.timedelta(seconds=round(idle)), limit)
-            _delete(admin, name, definition)
-            deleted.append(name)
-    return deleted
+            _delete(name, definition)
 
 
 @app.timer(interval=CHECK_INTERVAL_S / _CLOCK_SCALE)
 async def delete_idle_entities() -> None:
-    admin = _admin()
     try:
-        await asyncio.to_thread(check_once, admin)
+        await asyncio.to_thread(check_once)
     except Exception:  # never let one check stop the timer
         log.exception("looking for idle entities failed; trying again at the next check")
 
@@ -187,7 +186,7 @@ _admins: list[ServiceBusAdministrationClient] = []
 
 
 def _admin() -> ServiceBusAdministrationClient:
-    """One administration client, made at the first check."""
+    """One administration client, made at the first deletion."""
     if not _admins:
         _admins.append(ServiceBusAdministrationClient._from_settings(settings))
     return _admins[0]
