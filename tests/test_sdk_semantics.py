@@ -197,3 +197,16 @@ def test_session_methods_honour_timeout_and_refuse_other_keywords(
                      lambda **kw: session.set_state(None, **kw)):
             with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_option'"):
                 call(no_such_option=1)
+
+
+def test_a_session_receivers_auto_lock_renewer_keeps_the_session_locked(
+        admin: ServiceBusAdministrationClient, client: ServiceBusClient, queue_name: str) -> None:
+    admin.create_queue(queue_name, requires_session=True, lock_duration=2)
+    with client.get_queue_sender(queue_name) as sender:
+        sender.send_messages(ServiceBusMessage("x", session_id="s"))
+    with AutoLockRenewer(max_lock_renewal_duration=30) as renewer, client.get_queue_receiver(
+            queue_name, session_id="s", max_wait_time=10, auto_lock_renewer=renewer) as receiver:
+        [message] = receiver.receive_messages(1)
+        time.sleep(4)
+        receiver.complete_message(message)  # the session's lock, and the message's, held
+        assert receiver.session.auto_renew_error is None
