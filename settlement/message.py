@@ -92,6 +92,31 @@ class ServiceBusMessage:
         return f"{type(self).__name__}(message_id={self.message_id!r}, body={self._body[:40]!r})"
 
 
+class ReceivedProperties(dict[str, Any]):
+    """A received message's application properties, keyed by ``str`` as they
+    were sent. Code written for azure-servicebus looks them up by ``bytes``
+    (its AMQP decoder gives bytes keys and bytes strings, and the SDK's
+    samples do ``props.get(b"Color").decode()``): looked up that way, a
+    string value comes back as UTF-8 bytes, so both spellings port."""
+
+    def __getitem__(self, key: str | bytes) -> Any:
+        if isinstance(key, bytes):
+            value = super().__getitem__(key.decode("utf-8", errors="replace"))
+            return value.encode() if isinstance(value, str) else value
+        return super().__getitem__(key)
+
+    def get(self, key: str | bytes, default: Any = None) -> Any:  # type: ignore[override]
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, bytes):
+            key = key.decode("utf-8", errors="replace")
+        return super().__contains__(key)
+
+
 class ServiceBusReceivedMessage(ServiceBusMessage):
     """A received message; settle it through the receiver that received it."""
 
@@ -101,7 +126,8 @@ class ServiceBusReceivedMessage(ServiceBusMessage):
         self._body = body
         for name in _SEND_FIELDS:
             setattr(self, name, kwargs.get(name))
-        self.application_properties = kwargs.get("application_properties") or {}
+        self.application_properties = ReceivedProperties(
+            kwargs.get("application_properties") or {})
         self.lock_token: str | None = kwargs.get("lock_token")
         self.locked_until_utc: dt.datetime | None = kwargs.get("locked_until_utc")
         self.delivery_count: int = kwargs.get("delivery_count", 0)

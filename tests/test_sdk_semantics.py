@@ -81,7 +81,7 @@ def test_delivery_count_counts_earlier_deliveries_and_max_delivery_still_holds(
 def test_body_is_an_iterable_of_data_sections_and_str_is_the_text(
         client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
     queue = make_queue()
-    outgoing = ServiceBusMessage("héllo")
+    outgoing = ServiceBusMessage("héllo", application_properties={"Color": "Red", "n": 3})
     assert next(outgoing.body) == "héllo".encode()
     assert outgoing.body_type == AmqpMessageBodyType.DATA
     with client.get_queue_sender(queue) as sender:
@@ -94,6 +94,11 @@ def test_body_is_an_iterable_of_data_sections_and_str_is_the_text(
     assert next(text.body) == "héllo".encode()  # the SDK's dead-letter sample does this
     assert b"".join(text.body) == "héllo".encode() and str(text) == "héllo"
     assert list(raw.body) == [b"\x00\xff"] and raw.body_type == AmqpMessageBodyType.DATA
+    # looked up by bytes, as SDK code does, strings come back as bytes
+    props = text.application_properties
+    assert (props["Color"], props.get(b"Color"), props[b"n"], b"n" in props) == (
+        "Red", b"Red", 3, True)
+    assert props.get(b"missing") is None and dict(props) == {"Color": "Red", "n": 3}
     receiver.complete_messages(got)
 
 
