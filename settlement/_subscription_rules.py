@@ -16,7 +16,7 @@ from confluent_kafka import Message
 
 from settlement import _wire
 from settlement._entities import EntityRegistry
-from settlement.message import ServiceBusReceivedMessage
+from settlement.message import ReceivedProperties, ServiceBusReceivedMessage
 from topics.rule_set import RuleSet
 from topics.rules import MessageView
 
@@ -54,4 +54,5 @@ class SubscriptionRules:
         view = MessageView(system, user)
         verdict = rules.evaluate(view)
         if verdict.actions:
-            message.application_properties = rules.apply_actions(view, verdict.actions)
+            message.application_properties = ReceivedProperties(
+                rules.apply_actions(view, verdict.actions))

@@ -69,7 +69,7 @@ CANNOT_RUN: dict[str, Unfit] = {
     "send_and_receive_amqp_annotated_message": Unfit(
         "AMQP-specific: AmqpAnnotatedMessage's sequence and value bodies, delivery "
         "annotations, header and footer are AMQP message sections with no Kafka record "
-        "counterpart (settlement has no settlement.amqp)"),
+        "counterpart (settlement.amqp has only AmqpMessageBodyType)"),
     "proxy": Unfit(
         "needs an HTTP proxy at 127.0.0.1:8899 (on Azure too), and Kafka clients connect to "
         "the brokers directly: http_proxy is refused with a TypeError"),
@@ -80,7 +80,6 @@ CANNOT_RUN: dict[str, Unfit] = {
         "custom_endpoint_address is refused with a TypeError"),
     "authenticate_using_azure_named_key_credential": Unfit(_NO_SASL, ("embedded",)),
     "authenticate_using_azure_sas_credential": Unfit(_NO_SASL, ("embedded",)),
-    "generate_sas_token_and_authenticate_client": Unfit(_NO_SASL, ("embedded",)),
 }
 
 #: Samples that only receive: the harness sends them these messages first.
