@@ -9,6 +9,7 @@ subscription, ``TOPIC/subscriptions/SUB/rules/RULE`` for a rule, and
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from typing import Any
@@ -41,7 +42,12 @@ _KIND = {QueueProperties: "queue", TopicProperties: "topic",
 
 
 class EntityRegistry:
-    """Reads the whole (small) entities topic; writes one record per change."""
+    """Reads the entities topic; writes one record per change.
+
+    The topic holds every change of every entity of the namespace until
+    compaction, so each load reads on from where the previous one stopped
+    instead of from the start: an admin call costs what changed since, not
+    what the namespace ever held."""
 
     def __init__(self, settings: ConnectionSettings) -> None:
         self._settings = settings
@@ -49,17 +55,26 @@ class EntityRegistry:
         self._cache: dict[str, Definition] = {}
         self._loaded_at = 0.0
         self._producer: Producer | None = None
+        #: the definitions read so far, and the offset to read on from
+        self._read_so_far: dict[str, Definition] = {}
+        self._position = 0
+        self._load_lock = threading.Lock()
 
     def load_all(self) -> dict[str, Definition]:
         """Every definition by key; none in a namespace never provisioned."""
-        consumer = Consumer(self._settings.consumer_config(f"entities-{uuid.uuid4().hex[:12]}"))
-        try:
-            end = self._log_end(consumer)
-            found = self._read(consumer, end) if end else {}
-        finally:
-            consumer.close()
-        self._cache, self._loaded_at = found, time.monotonic()
-        return dict(found)
+        with self._load_lock:
+            consumer = Consumer(self._settings.consumer_config(
+                f"entities-{uuid.uuid4().hex[:12]}"))
+            try:
+                end = self._log_end(consumer)
+                if end < self._position:  # the topic was made again: read it anew
+                    self._read_so_far, self._position = {}, 0
+                if end > self._position:
+                    self._read(consumer, end)
+            finally:
+                consumer.close()
+            self._cache, self._loaded_at = dict(self._read_so_far), time.monotonic()
+            return dict(self._cache)
 
     def load(self) -> dict[str, QueueProperties]:
         """Every queue's definition."""
@@ -119,28 +134,27 @@ class EntityRegistry:
                 f"{self._settings.bootstrap_servers}: {reason}; check the Endpoint of the "
                 "connection string and that Kafka is running") from None
 
-    def _read(self, consumer: Consumer, end: int) -> dict[str, Definition]:
-        queues: dict[str, Definition] = {}
-        consumer.assign([TopicPartition(self._topic, 0, 0)])
-        position = 0
+    def _read(self, consumer: Consumer, end: int) -> None:
+        """Read on from ``self._position`` to ``end`` into ``self._read_so_far``."""
+        found = self._read_so_far
+        consumer.assign([TopicPartition(self._topic, 0, self._position)])
         deadline = time.monotonic() + 30
-        while position < end:
+        while self._position < end:
             if time.monotonic() > deadline:
                 raise ServiceBusConnectionError(
-                    f"reading {self._topic} stalled at offset {position} of {end}")
+                    f"reading {self._topic} stalled at offset {self._position} of {end}")
             for record in take(consumer, 1000, 0.1):
                 if record.error():
                     continue
-                position = record.offset() + 1
+                self._position = record.offset() + 1
                 name = (record.key() or b"").decode(errors="replace")
                 if record.value() is None:
-                    queues.pop(name, None)
+                    found.pop(name, None)
                     continue
                 try:
-                    queues[name] = load_definition(record.value())
+                    found[name] = load_definition(record.value())
                 except (ValueError, KeyError, TypeError) as exc:
                     log.warning("ignoring unreadable definition of %r: %s", name, exc)
-        return queues
 
     def get(self, name: str, *, fresh: bool = False) -> QueueProperties:
         """A queue's definition."""
