@@ -8,6 +8,7 @@ subscription, ``TOPIC/subscriptions/SUB/rules/RULE`` for a rule, and
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -47,7 +48,9 @@ class EntityRegistry:
     The topic holds every change of every entity of the namespace until
     compaction, so each load reads on from where the previous one stopped
     instead of from the start: an admin call costs what changed since, not
-    what the namespace ever held."""
+    what the namespace ever held. It hands out copies of what it read: a
+    caller changes the properties it got (``props.x = ...; update_queue(props)``)
+    and the registry must still know what is written."""
 
     def __init__(self, settings: ConnectionSettings) -> None:
         self._settings = settings
@@ -62,6 +65,10 @@ class EntityRegistry:
 
     def load_all(self) -> dict[str, Definition]:
         """Every definition by key; none in a namespace never provisioned."""
+        self._refresh()
+        return copy.deepcopy(self._cache)
+
+    def _refresh(self) -> None:
         with self._load_lock:
             consumer = Consumer(self._settings.consumer_config(
                 f"entities-{uuid.uuid4().hex[:12]}"))
@@ -74,7 +81,6 @@ class EntityRegistry:
             finally:
                 consumer.close()
             self._cache, self._loaded_at = dict(self._read_so_far), time.monotonic()
-            return dict(self._cache)
 
     def load(self) -> dict[str, QueueProperties]:
         """Every queue's definition."""
@@ -85,32 +91,34 @@ class EntityRegistry:
 
     def namespace_properties(self) -> NamespaceProperties:
         """The namespace's settings as last written (defaults if never)."""
-        found = self.load_all().get(NAMESPACE_KEY)
+        self._refresh()
+        found = self._cache.get(NAMESPACE_KEY)
         if isinstance(found, NamespaceProperties):
-            return found
+            return copy.deepcopy(found)
         return NamespaceProperties(self._settings.namespace)
 
     def subscriptions_of(self, topic: str, *, fresh: bool = True
                          ) -> list[SubscriptionProperties]:
         """The subscriptions of ``topic``, by name."""
         if fresh or self._stale():
-            self.load_all()
+            self._refresh()
         prefix = topic + names.SUBSCRIPTIONS
-        return sorted((v for k, v in self._cache.items() if k.startswith(prefix)
+        return sorted((copy.deepcopy(v) for k, v in self._cache.items() if k.startswith(prefix)
                        and isinstance(v, SubscriptionProperties)), key=lambda s: s.name)
 
     def rules_of(self, topic: str, subscription: str, *, fresh: bool = True
                  ) -> list[RuleProperties]:
         """The rules of a subscription, by name."""
         if fresh or self._stale():
-            self.load_all()
+            self._refresh()
         prefix = names.subscription_path(topic, subscription) + names.RULES
-        return sorted((v for k, v in self._cache.items() if k.startswith(prefix)
+        return sorted((copy.deepcopy(v) for k, v in self._cache.items() if k.startswith(prefix)
                        and isinstance(v, RuleProperties)), key=lambda r: r.name)
 
     def exists(self, name: str) -> bool:
-        """Whether a queue or a topic has this name (they share the namespace)."""
-        return name in self.load_all()
+        """Whether a definition has this key (queues and topics share one namespace)."""
+        self._refresh()
+        return name in self._cache
 
     def _stale(self) -> bool:
         return time.monotonic() - self._loaded_at > _CACHE_SECONDS
@@ -179,10 +187,10 @@ class EntityRegistry:
     def _get(self, key: str, kind: type, what: str, create: str, cli: str, fresh: bool
              ) -> Any:
         if fresh or key not in self._cache or self._stale():
-            self.load_all()
+            self._refresh()
         found = self._cache.get(key)
         if isinstance(found, kind):
-            return found
+            return copy.deepcopy(found)  # the caller may change it (update_queue's input)
         if found is not None:
             raise MessagingEntityNotFoundError(
                 f"{key!r} is a {_KIND[type(found)]} of namespace "

@@ -140,7 +140,7 @@ class TopicAdministration:
         options = sdk_options("create_subscription", SubscriptionProperties, kwargs)
         topic = self._registry.get_topic(topic_name, fresh=True)
         path = names.subscription_path(topic_name, subscription_name)
-        if path in self._registry.load_all():
+        if self._registry.exists(path):
             raise MessagingEntityAlreadyExistsError(
                 f"subscription {path!r} already exists: use get_subscription, or "
                 "delete_subscription first")
@@ -222,7 +222,7 @@ class TopicAdministration:
         refuse_admin("create_rule", kwargs)
         sub = self._registry.get_subscription(topic_name, subscription_name, fresh=True)
         key = names.rule_key(topic_name, subscription_name, rule_name)
-        if key in self._registry.load_all():
+        if self._registry.exists(key):
             raise MessagingEntityAlreadyExistsError(
                 f"rule {rule_name!r} of {sub.path!r} already exists: use update_rule")
         rule = _compiled(RuleProperties(rule_name, filter or TrueRuleFilter(), action))
