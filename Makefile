@@ -37,11 +37,18 @@ chromium:
 maven:
 	$(call apt_install,mvn,maven,it fetches Apache Kafka's and Spark's jars from Maven Central)
 
-# The same suite on the embedded broker, then on Apache Kafka (one node; the
-# fault tests start their own three).
+# The tests that need no broker once, then those that need one on the embedded
+# broker and on Apache Kafka (one node; the fault tests start their own three).
+# Every run goes ahead when one before it failed; each prints how long it took,
+# and the target fails if any run did.
+TEST_RUNS := none embedded kafka
 test: $(STAMP) java chromium maven
-	SETTLEMENT_TEST_BROKER=embedded $(BIN)/python -m pytest -q
-	SETTLEMENT_TEST_BROKER=kafka $(BIN)/python -m pytest -q
+	@failed=""; for broker in $(TEST_RUNS); do \
+	  start=$$(date +%s); \
+	  SETTLEMENT_TEST_BROKER=$$broker $(BIN)/python -m pytest -q $(PYTEST_ARGS) || failed="$$failed $$broker"; \
+	  echo "make test: broker=$$broker took $$(( $$(date +%s) - start )) s"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make test: failed on:$$failed" >&2; exit 1; fi
 
 # make bench [BROKER=embedded|kafka] [ARGS="--messages 50000"]
 BROKER ?= embedded
@@ -76,8 +83,12 @@ bench-pairing: $(STAMP) java maven
 bench-aio: $(STAMP) java maven
 	$(BIN)/python -m bench.aio --broker $(BROKER) $(ARGS)
 
+# ruff, mypy (configured in pyproject.toml) and the import contracts of the
+# layers (import-linter, [tool.importlinter] in pyproject.toml)
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache

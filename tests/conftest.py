@@ -3,8 +3,12 @@ unique queue names (and by their own namespace where they need their own
 engine, as the crash tests do).
 
 ``SETTLEMENT_TEST_BROKER`` picks the broker of the whole session: ``embedded``
-(Tansu, the default) or ``kafka`` (Apache Kafka from Maven Central, one node).
-``make test`` runs the suite once on each."""
+(Tansu, the default) or ``kafka`` (Apache Kafka from Maven Central, one node),
+and then only the tests that need a broker run; ``none`` runs the tests that need
+none (the state machine, the formats, the SQL filters...) once. ``make test``
+runs the three. A test needs a broker when it uses the ``broker`` fixture (or
+one built on it: ``engine``, ``conn``, ``admin``, ``client``...) or is marked
+``needs_broker`` (it starts brokers of its own, for the broker of the session)."""
 
 from __future__ import annotations
 
@@ -24,13 +28,35 @@ from settlement.management import ServiceBusAdministrationClient
 from streams.process import EngineProcess
 from tests.helpers import TEST_BROKER, Broker
 
-if TEST_BROKER not in ("embedded", "kafka"):
+if TEST_BROKER not in ("embedded", "kafka", "none"):
     raise pytest.UsageError(
-        f"SETTLEMENT_TEST_BROKER must be 'embedded' or 'kafka', not {TEST_BROKER!r}")
+        f"SETTLEMENT_TEST_BROKER must be 'embedded', 'kafka' or 'none', not {TEST_BROKER!r}")
 
 
 def pytest_report_header() -> str:
     return f"broker: {TEST_BROKER} (SETTLEMENT_TEST_BROKER)"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs_broker: the test starts brokers of its own, of "
+                            "the session's kind (SETTLEMENT_TEST_BROKER), without the broker "
+                            "fixture")
+
+
+def needs_broker(item: pytest.Item) -> bool:
+    return ("broker" in getattr(item, "fixturenames", ())
+            or item.get_closest_marker("needs_broker") is not None)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep the tests of this run's kind: those that need no broker run once,
+    under ``none``, rather than once per broker."""
+    keep, drop = [], []
+    for item in items:
+        (keep if needs_broker(item) == (TEST_BROKER != "none") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")

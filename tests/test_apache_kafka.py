@@ -31,9 +31,9 @@ from tests.helpers import TEST_BROKER, Broker
 from topics import names
 from topics.connection import parse_connection_string
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.needs_broker, pytest.mark.skipif(
     TEST_BROKER != "kafka", reason="Apache Kafka only: the embedded broker (Tansu) has no "
-    "KRaft cluster to start, no compaction and no broker configuration to describe")
+    "KRaft cluster to start, no compaction and no broker configuration to describe")]
 ROOT = Path(__file__).resolve().parent.parent
 
 

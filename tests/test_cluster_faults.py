@@ -25,9 +25,9 @@ from streams.process import EngineProcess
 from tests.helpers import TEST_BROKER, receive_exactly
 from topics import names
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.needs_broker, pytest.mark.skipif(
     TEST_BROKER != "kafka", reason="needs a 3-node Apache Kafka cluster: the embedded broker "
-    "(Tansu) is a single node without replication")
+    "(Tansu) is a single node without replication")]
 TOTAL = 600
 RECOVERY_S = 15.0
 log = logging.getLogger(__name__)

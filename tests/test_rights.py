@@ -26,8 +26,8 @@ from tests.helpers import TEST_BROKER
 from topics import rights
 from topics.connection import parse_connection_string
 
-pytestmark = pytest.mark.skipif(TEST_BROKER != "kafka",
-                                reason="ACLs need Apache Kafka's authorizer")
+pytestmark = [pytest.mark.needs_broker, pytest.mark.skipif(TEST_BROKER != "kafka",
+                                reason="ACLs need Apache Kafka's authorizer")]
 NS, OTHER_NS = "shop", "bank"
 USERS = {name: uuid.uuid4().hex for name in
          ("admin", "engine", "manager", "sender", "listener", "banker")}

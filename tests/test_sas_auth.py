@@ -23,6 +23,7 @@ from tests.helpers import TEST_BROKER
 from tests.test_rights import NS, USERS, secured  # noqa: F401 (the secured cluster fixture)
 from topics.connection import ConnectionStringError, parse_connection_string
 
+pytestmark = pytest.mark.needs_broker  # the secured cluster of test_rights.py
 kafka_only = pytest.mark.skipif(
     TEST_BROKER != "kafka", reason="the embedded broker (Tansu) has no SASL: nothing to check "
                                    "credentials; Apache Kafka with settlement's handler does")
