@@ -25,8 +25,8 @@ from topics.commands import (
 )
 
 
-def raw_command(op: str, cmd_id: str, entity: str, partition: int,
-                reply: ReplyAddress | None = None, **fields: Any) -> bytes:
+def raw_command(op: str, cmd_id: str, entity: str, partition: int, fields: dict[str, Any],
+                reply: ReplyAddress | None = None) -> bytes:
     """A command record with these fields, valid or not."""
     return json.dumps({
         "v": VERSION, "id": cmd_id, "op": op, "entity": entity, "partition": partition,
@@ -37,7 +37,7 @@ def raw_command(op: str, cmd_id: str, entity: str, partition: int,
 
 def wire_command(op: str, cmd_id: str, **fields: Any) -> Command[ClientArgs]:
     """A client's command on window ``q#0``, as the engine decodes it."""
-    return decode_command(raw_command(op, cmd_id, "q", 0, **fields))
+    return decode_command(raw_command(op, cmd_id, "q", 0, fields))
 
 
 def call_raw(link: EngineLink, op: str, entity: str, partition: int, **fields: Any) -> Reply:
@@ -49,8 +49,8 @@ def call_raw(link: EngineLink, op: str, entity: str, partition: int, **fields: A
     key = f"{entity}#{partition}"
     link._producer.produce(
         names.commands(link.settings.namespace),
-        raw_command(op, cmd_id, entity, partition,
-                    ReplyAddress(link.reply_partition, link.client_id), **fields),
+        raw_command(op, cmd_id, entity, partition, fields,
+                    ReplyAddress(link.reply_partition, link.client_id)),
         key=key.encode(), partition=command_partition(key, link._engine_partitions))
     assert link._producer.flush(10) == 0
     return answer.result(30)

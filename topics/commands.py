@@ -578,10 +578,10 @@ _CLIENT_ARGS: Mapping[Op, type[ClientArgs]] = {cls.OP: cls for cls in (
 #: what clients may send on the commands topic
 OPERATIONS = ops_of(Sender.CLIENT)
 
-A = TypeVar("A", bound=Args)
+A = TypeVar("A", bound=Args, covariant=True)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Command(Generic[A]):
     id: str
     entity: str
