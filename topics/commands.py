@@ -14,6 +14,15 @@ Command fields (all operations)::
 A queue's policy (lock duration, max delivery count, TTL...) is never part of
 a command: the engine reads it from the queue's definition.
 
+In code an operation is an :class:`Op`, and :data:`OP_INFO` says who sends
+it, whether its answer is remembered and whether it needs the session's lock.
+Its fields are one frozen record (``AcquireArgs``, ``SettleArgs``...): a
+client's write the fields below (``to_wire``) and validate them
+(``from_wire``); the engine's own (``ExpireArgs``, ``DeadForwardedArgs``,
+``streams.acceptance.AcceptArgs``) never travel. A grant and a settle item are
+:class:`Grant` and :class:`SettleItem`, which keep the list forms below on the
+wire; refusal codes are :class:`topics.errors.ErrorCode`.
+
 Operations clients send, and their own fields:
 
 ``acquire``           ``sub`` ("active"|"deadletter"), ``max``, ``mode``
@@ -59,7 +68,10 @@ A reply is ``{"v": 1, "id": ..., "client": ..., "ok": true, "result": {...}}``
 or ``{"v": 1, "id": ..., "client": ..., "ok": false, "error": {"code", "message"}}``.
 The code ``ServerBusy`` answers a command over the namespace's limit of
 commands per second before the engine ran it: the same command may be sent
-again (clients wait 10 s first).
+again (clients wait 10 s first). An acquire's result is ``{"grants":
+[[offset, lock_token, locked_until_ms, deliveries, reason, description, source,
+state]], "next": ...}``; a settle's, announce's or cancel's ``{"results":
+[[status, until]]}``.
 """
 
 from __future__ import annotations
