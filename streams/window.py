@@ -268,7 +268,7 @@ class InflightWindow:
         self.see_log_end(args.hw, events)
         return self._peek(args.sub, args.first, args.max, args.session)
 
-    def _expire_command(self, _cmd: Command[ExpireArgs], _now: int, _events: list[Event]
+    def _expire_command(self, cmd: Command[ExpireArgs], _now: int, _events: list[Event]
                         ) -> dict[str, Any]:
         return {}  # what came due before dispatching is all it asks for
 

@@ -107,6 +107,13 @@ def test_the_window_has_a_handler_for_every_op_it_accepts() -> None:
     assert set(HANDLERS) == accepted
 
 
+@pytest.mark.parametrize("op", sorted(HANDLERS))
+def test_each_handler_takes_the_arguments_of_its_op(op: Op) -> None:
+    hints = typing.get_type_hints(HANDLERS[op])
+    [args] = typing.get_args(hints["cmd"])
+    assert args.OP is op
+
+
 GRANTS: list[list[Any]] = [
     [4, "0b5e6c1e-1111-4a4a-8b8b-000000000000", 61000, 1, None, None, None, "active"],
     [5, None, 0, 2, None, None, None, "active"],
