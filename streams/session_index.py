@@ -26,6 +26,7 @@ from streams.store import Txn
 #: offsets per stored list of a session's pending offsets
 RANGE = 1024
 
+
 @dataclass
 class Session:
     """One session's record in a window."""

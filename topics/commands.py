@@ -366,8 +366,7 @@ class AcquireArgs(WireArgs):
         max_, hw = _int(obj, "max", 1, MAX_ACQUIRE), _int(obj, "hw", 0, 1 << 62)
         if obj.get("session") is None:
             return cls(obj["sub"], obj["mode"], max_, hw)
-        session = _session_id(obj, required=True)
-        return cls(obj["sub"], obj["mode"], max_, hw, session, _token(obj))
+        return cls(obj["sub"], obj["mode"], max_, hw, _session_id(obj), _token(obj))
 
 
 @dataclass(frozen=True)
@@ -455,7 +454,7 @@ class PeekArgs(WireArgs):
             raise CommandError(f"field 'sub' must be one of {sorted(SUB_QUEUES)}")
         return cls(obj["sub"], _int(obj, "from", 0, 1 << 62), _int(obj, "max", 1, MAX_ACQUIRE),
                    _int(obj, "hw", 0, 1 << 62),
-                   _session_id(obj, required=True) if obj.get("session") is not None else None)
+                   _session_id(obj) if obj.get("session") is not None else None)
 
 
 @dataclass(frozen=True)
@@ -489,7 +488,7 @@ class LockSessionArgs(WireArgs):
 
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> Self:
-        return cls(_session_id(obj, required=False))
+        return cls(None if obj.get("session") is None else _session_id(obj))
 
 
 @dataclass(frozen=True)
@@ -504,9 +503,7 @@ class HeldSessionArgs(WireArgs):
 
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> Self:
-        session = _session_id(obj, required=True)
-        assert session is not None
-        return cls(session, _token(obj))
+        return cls(_session_id(obj), _token(obj))
 
 
 @dataclass(frozen=True)
@@ -723,10 +720,8 @@ def decode_command(raw: bytes | None) -> Command[ClientArgs]:
 _OP_NAMES = frozenset(op.value for op in Op)
 
 
-def _session_id(obj: dict[str, Any], *, required: bool) -> str | None:
+def _session_id(obj: dict[str, Any]) -> str:
     value = obj.get("session")
-    if value is None and not required:
-        return None
     if not valid_session_id(value):
         raise CommandError(f"field 'session' must be a session id of 1..{MAX_SESSION_ID} "
                            "characters without control characters")
