@@ -158,10 +158,6 @@ OP_INFO: Mapping[Op, OpInfo] = {
 }
 
 
-def ops_of(sender: Sender) -> frozenset[Op]:
-    return frozenset(op for op, info in OP_INFO.items() if info.sender is sender)
-
-
 class Action(StrEnum):
     """What a settle item does to its message."""
 
@@ -585,7 +581,7 @@ _CLIENT_ARGS: Mapping[Op, type[ClientArgs]] = {cls.OP: cls for cls in (
     LockSessionArgs, RenewSessionArgs, ReleaseSessionArgs, SessionStateArgs,
     SetSessionStateArgs, ListSessionsArgs)}
 #: what clients may send on the commands topic
-OPERATIONS = ops_of(Sender.CLIENT)
+OPERATIONS = frozenset(op for op, info in OP_INFO.items() if info.sender is Sender.CLIENT)
 
 A = TypeVar("A", bound=Args, covariant=True)
 
