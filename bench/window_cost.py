@@ -18,7 +18,19 @@ import uuid
 
 from streams.store import MemoryStore
 from streams.window import InflightWindow
-from topics.commands import Command, Policy, ReplyAddress, decode_command, encode_command
+from topics.commands import (
+    AcquireArgs,
+    Action,
+    ClientArgs,
+    Command,
+    Grant,
+    Policy,
+    ReplyAddress,
+    SettleArgs,
+    SettleItem,
+    decode_command,
+    encode_command,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     raw: bytes | None = None
     cost = {"decode_command": 0.0, "load": 0.0, "apply": 0.0, "commit_record": 0.0}
     sizes: list[int] = []
-    grants: list[list[object]] = []
+    grants: list[Grant] = []
     now = int(time.time() * 1000)
     commands = 0
 
@@ -44,12 +56,13 @@ def main(argv: list[str] | None = None) -> int:
 
     for _ in range(n // b):
         for op in ("acquire", "settle"):
+            args_: ClientArgs
             if op == "acquire":
-                args_ = {"sub": "active", "mode": "peek_lock", "max": b, "hw": n}
+                args_ = AcquireArgs("active", "peek_lock", b, n)
             else:
-                args_ = {"items": [[g[0], g[1], "complete", None, None, None, None]
-                                   for g in grants]}
-            wire = encode_command(Command(uuid.uuid4().hex, op, "q", 0, reply, None, args_))
+                args_ = SettleArgs(tuple(SettleItem(g.offset, g.lock_token, Action.COMPLETE)
+                                         for g in grants))
+            wire = encode_command(Command(uuid.uuid4().hex, "q", 0, args_, reply))
             cmd = step("decode_command", decode_command, wire)
             window = step("load", InflightWindow.load, raw, "q", 0, store)
             outcome = step("apply", window.apply, cmd, now, (0, policy))
@@ -58,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             sizes.append(len(raw))
             commands += 1
             if op == "acquire":
-                grants = outcome.result["grants"]
+                grants = [Grant.from_wire(g) for g in outcome.result["grants"]]
     total = sum(cost.values())
     print(f"{commands} commands (acquire {b} + settle {b}) for {n:,} messages")
     for name, seconds in cost.items():

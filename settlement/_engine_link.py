@@ -20,18 +20,16 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from settlement._retry import SERVER_BUSY_WAIT_S, RetryPolicy
 from settlement.exceptions import (
-    InvalidOperationError,
     OperationTimeoutError,
-    ServiceBusAuthorizationError,
     ServiceBusCommunicationError,
     ServiceBusConnectionError,
     ServiceBusError,
-    ServiceBusQuotaExceededError,
     ServiceBusServerBusyError,
-    SessionLockLostError,
+    for_code,
 )
 from topics import names
 from topics.commands import (
+    ClientArgs,
     Command,
     Reply,
     ReplyAddress,
@@ -40,6 +38,7 @@ from topics.commands import (
     encode_command,
 )
 from topics.connection import ConnectionSettings
+from topics.errors import ErrorCode
 from topics.offsets import take
 
 log = logging.getLogger(__name__)
@@ -48,21 +47,14 @@ log = logging.getLogger(__name__)
 #: errors of a partition whose leader is not in place yet
 _NOT_READY = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
                         KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT})
-#: the engine's answer to a command over the namespace's limit
-SERVER_BUSY = "ServerBusy"
-#: the engine's error codes that have their own exception
-_ERRORS: dict[str, type[ServiceBusError]] = {
-    "Unauthorized": ServiceBusAuthorizationError, "SessionLockLost": SessionLockLostError,
-    "SessionRequired": InvalidOperationError, "InvalidOperation": InvalidOperationError,
-    SERVER_BUSY: ServiceBusServerBusyError, "QuotaExceeded": ServiceBusQuotaExceededError}
 
 
 def check_reply(reply: Reply, entity_path: str) -> None:
     """Raise the error the engine answered, if it refused the command."""
     if not reply.ok:
-        error = _ERRORS.get(reply.error_code, ServiceBusError)
-        raise error(f"the engine refused a command on {entity_path}: "
-                    f"{reply.error_message}", error_code=reply.error_code)
+        raise for_code(reply.error_code)(
+            f"the engine refused a command on {entity_path}: {reply.error_message}",
+            error_code=reply.error_code)
 
 
 class EngineLink:
@@ -115,16 +107,17 @@ class EngineLink:
                     raise
                 time.sleep(0.2)
 
-    def command(self, op: str, entity: str, partition: int, **args: object) -> Command:
+    def command(self, entity: str, partition: int, args: ClientArgs) -> Command[ClientArgs]:
         """A command for the window ``entity#partition``."""
-        return Command(uuid.uuid4().hex, op, entity, partition,
-                       ReplyAddress(self.reply_partition, self.client_id), dict(args))
+        return Command(uuid.uuid4().hex, entity, partition, args,
+                       ReplyAddress(self.reply_partition, self.client_id))
 
-    def call(self, cmd: Command) -> Reply:
+    def call(self, cmd: Command[ClientArgs]) -> Reply:
         """Send ``cmd`` and return its answer, retrying under the same id."""
         return self.call_many([cmd])[0]
 
-    def call_many(self, cmds: list[Command], *, timeout: float | None = None) -> list[Reply]:
+    def call_many(self, cmds: list[Command[ClientArgs]], *, timeout: float | None = None
+                  ) -> list[Reply]:
         """Send several commands at once and wait for all of their answers.
 
         Commands without an answer in time, or answered busy, are sent again
@@ -150,7 +143,7 @@ class EngineLink:
             time.sleep(wait)
             retried += 1
 
-    def _attempt(self, cmds: list[Command], replies: dict[str, Reply],
+    def _attempt(self, cmds: list[Command[ClientArgs]], replies: dict[str, Reply],
                  call_deadline: float | None = None) -> ServiceBusError | None:
         """Send ``cmds`` once; put their answers in ``replies``, waiting
         ``attempt_timeout`` at most (or until ``call_deadline``). Returns the
@@ -174,14 +167,14 @@ class EngineLink:
             finally:
                 with self._lock:
                     self._waiting.pop(cmd.id, None)
-            if reply.ok or reply.error_code != SERVER_BUSY:
+            if reply.ok or reply.error_code != ErrorCode.SERVER_BUSY:
                 replies[cmd.id] = reply
                 continue
             with self._lock:
                 self._busy_until[cmd.entity] = time.monotonic() + SERVER_BUSY_WAIT_S
             error = ServiceBusServerBusyError(
                 f"the engine of namespace {self.settings.namespace!r} is busy: "
-                f"{reply.error_message}", error_code=SERVER_BUSY)
+                f"{reply.error_message}", error_code=ErrorCode.SERVER_BUSY)
         left = next((c for c in cmds if c.id not in replies), None)
         if error is not None or left is None:
             return error
@@ -200,7 +193,7 @@ class EngineLink:
                      ", ".join(sorted(entities)))
             time.sleep(pause)
 
-    def _send(self, cmd: Command) -> Future[Reply]:
+    def _send(self, cmd: Command[ClientArgs]) -> Future[Reply]:
         fut: Future[Reply] = Future()
         with self._lock:
             self._waiting[cmd.id] = fut

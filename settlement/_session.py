@@ -14,6 +14,7 @@ import base64
 import datetime as dt
 import enum
 import time
+from collections.abc import Callable
 from typing import Any
 
 from settlement import _wire
@@ -25,7 +26,17 @@ from settlement.exceptions import (
     SessionCannotBeLockedError,
     SessionLockLostError,
 )
-from topics.commands import MAX_SESSION_STATE, session_partition
+from topics.commands import (
+    MAX_SESSION_STATE,
+    ClientArgs,
+    LockSessionArgs,
+    ReleaseSessionArgs,
+    RenewSessionArgs,
+    SessionStateArgs,
+    SetSessionStateArgs,
+    session_partition,
+)
+from topics.errors import ErrorCode
 
 #: how long a NEXT_AVAILABLE_SESSION receiver without max_wait_time waits for a session
 DEFAULT_SESSION_WAIT_S = 60.0
@@ -80,7 +91,7 @@ class ServiceBusSession:
     def get_state(self, *, timeout: float | None = None, **kwargs: Any) -> bytes | None:
         """The session state, as bytes (None: never set, or cleared)."""
         refuse("get_state", kwargs)
-        state = self._call("session_state", timeout)["state"]
+        state = self._call(SessionStateArgs, timeout)["state"]
         return None if state is None else base64.b64decode(state)
 
     def set_state(self, state: str | bytes | bytearray | None, *,
@@ -93,14 +104,14 @@ class ServiceBusSession:
             raise MessageSizeExceededError(
                 f"session state of {len(raw)} bytes is over the limit of {MAX_SESSION_STATE}: "
                 "keep a reference to larger data (a key in a store) in the state instead")
-        self._call("set_session_state", timeout,
-                   state=None if raw is None else base64.b64encode(bytes(raw)).decode())
+        encoded = None if raw is None else base64.b64encode(bytes(raw)).decode()
+        self._call(lambda session, token: SetSessionStateArgs(session, token, encoded), timeout)
 
     def renew_lock(self, *, timeout: float | None = None, **kwargs: Any) -> dt.datetime:
         """Extend the session lock (and the locks of its received messages) by
         the entity's lock duration; returns the new end."""
         refuse("renew_lock", kwargs)
-        self._until = _wire.utc_from_ms(self._call("renew_session", timeout)["until"])
+        self._until = _wire.utc_from_ms(self._call(RenewSessionArgs, timeout)["until"])
         return self._until
 
     # ------------------------------------------------------------- internals
@@ -127,8 +138,8 @@ class ServiceBusSession:
             pause = min(pause * 2, 0.25)
 
     def _lock(self, partition: int, session_id: str | None) -> bool:
-        reply = self._link.call(self._link.command("lock_session", self._entity, partition,
-                                                   session=session_id))
+        reply = self._link.call(self._link.command(self._entity, partition,
+                                                   LockSessionArgs(session_id)))
         check_reply(reply, self._entity)
         result = reply.result
         if result["session"] is None:
@@ -151,20 +162,23 @@ class ServiceBusSession:
             "or was released), and the locks of its received messages with it: open a new "
             "session receiver, and renew the session lock sooner (AutoLockRenewer)")
 
-    def args(self) -> dict[str, Any]:
-        """What identifies the held session in a command."""
+    def held(self) -> tuple[str, str]:
+        """What identifies the held session in a command: its id and lock token."""
         if self._lost or self._released:
             raise self.lost()
-        return {"session": self._session_id, "token": self._token}
+        assert self._session_id is not None and self._token is not None
+        return self._session_id, self._token
 
-    def _call(self, op: str, timeout: float | None = None, **args: Any) -> dict[str, Any]:
-        """``op`` on the held session; ``timeout`` bounds the command, retries included."""
+    def _call(self, args: Callable[[str, str], ClientArgs], timeout: float | None = None
+              ) -> dict[str, Any]:
+        """The command ``args(session, token)`` makes, on the held session;
+        ``timeout`` bounds it, retries included."""
         check_timeout(timeout)
         self.open()
-        reply = self._link.call_many([self._link.command(op, self._entity, self.partition,
-                                                         **self.args(), **args)],
+        reply = self._link.call_many([self._link.command(self._entity, self.partition,
+                                                         args(*self.held()))],
                                      timeout=timeout)[0]
-        if not reply.ok and reply.error_code == "SessionLockLost":
+        if not reply.ok and reply.error_code == ErrorCode.SESSION_LOCK_LOST:
             raise self.lost()
         check_reply(reply, self._entity)
         return reply.result
@@ -175,7 +189,7 @@ class ServiceBusSession:
         if self._token is None or self._lost or self._released:
             return
         try:
-            self._call("release_session")
+            self._call(ReleaseSessionArgs)
         except SessionLockLostError:
             pass  # lapsed already: the engine released it
         self._released = True

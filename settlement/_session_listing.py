@@ -17,6 +17,7 @@ from settlement._engine_link import EngineLink, check_reply
 from settlement._properties import QueueProperties
 from settlement._settled_stats import log_ends, settled_stats
 from settlement._topic_properties import SubscriptionProperties
+from topics.commands import ListSessionsArgs
 
 _PAGE = 1000
 
@@ -46,8 +47,8 @@ def list_sessions(link: EngineLink, props: QueueProperties | SubscriptionPropert
     for partition in range(props.partition_count):
         after = None
         while True:
-            reply = link.call(link.command("list_sessions", props.path, partition, after=after,
-                                           max=_PAGE, updated_after=updated_after))
+            reply = link.call(link.command(props.path, partition,
+                                           ListSessionsArgs(after, _PAGE, updated_after)))
             check_reply(reply, props.path)
             for session_id, active, until, size, state_at in reply.result["sessions"]:
                 yield SessionRuntimeProperties(

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 from settlement._engine_link import EngineLink
-from topics.commands import MAX_ACQUIRE, Reply
+from topics.commands import MAX_ACQUIRE, Reply, SettleArgs, SettleItem
 
 
 @dataclass
 class _Request:
-    items: list[list[Any]]
+    items: list[SettleItem]
     wake: threading.Event = field(default_factory=threading.Event)
     lead: bool = False
     reply: Reply | None = None
@@ -42,7 +41,7 @@ class SettleBatcher:
         self.commands_sent = 0
         self.items_sent = 0
 
-    def settle(self, entity: str, partition: int, items: list[list[Any]]) -> Reply:
+    def settle(self, entity: str, partition: int, items: list[SettleItem]) -> Reply:
         """The engine's answer to ``items``: ``result["results"]`` in their order."""
         window = (entity, partition)
         request = _Request(items)
@@ -68,17 +67,18 @@ class SettleBatcher:
         """Send one command for the queued requests, then hand the lead on."""
         with self._lock:
             queued = self._queued.pop(window, [])
-            batch, size = [], 0
+            batch: list[_Request] = []
+            size = 0
             while queued and (not batch or size + len(queued[0].items) <= MAX_ACQUIRE):
                 size += len(queued[0].items)
                 batch.append(queued.pop(0))
             if queued:
                 self._queued[window] = queued
         try:
-            cmd = self._link.command("settle", window[0], window[1],
-                                     items=[item for r in batch for item in r.items])
+            args = SettleArgs(tuple(item for r in batch for item in r.items))
+            cmd = self._link.command(window[0], window[1], args)
             self.commands_sent += 1
-            self.items_sent += len(cmd.args["items"])
+            self.items_sent += len(args.items)
             reply = self._link.call(cmd)
             answers = reply.result.get("results", [])
             start = 0

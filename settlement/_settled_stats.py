@@ -18,9 +18,9 @@ from confluent_kafka import Consumer
 from settlement._engine_link import EngineLink
 from settlement._properties import QueueProperties
 from settlement._topic_properties import SubscriptionProperties
-from settlement.exceptions import ServiceBusError
+from settlement.exceptions import for_code
 from topics import names
-from topics.commands import Reply
+from topics.commands import Reply, StatsArgs
 from topics.offsets import log_end_offsets
 
 SCAN_WAIT_S = 3.0
@@ -48,7 +48,7 @@ def settled_stats(link: EngineLink, props: QueueProperties | SubscriptionPropert
     miss sessions."""
     deadline = time.monotonic() + scan_wait
     while True:
-        replies = link.call_many([link.command("stats", props.path, p, hw=ends[p])
+        replies = link.call_many([link.command(props.path, p, StatsArgs(ends[p]))
                                   for p in range(props.partition_count)])
         behind = [r for r in replies if r.ok and r.result.get("scanned") is not None
                   and r.result["scanned"] < r.result["hw"]]
@@ -63,7 +63,7 @@ def add_counts(runtime: Any, replies: list[Reply]) -> None:
     refused."""
     for reply in replies:
         if not reply.ok:
-            raise ServiceBusError(reply.error_message, error_code=reply.error_code)
+            raise for_code(reply.error_code)(reply.error_message, error_code=reply.error_code)
         stats = reply.result
         runtime.active_message_count += stats["active"]
         runtime.dead_letter_message_count += stats["dead_letter"]

@@ -13,6 +13,9 @@ subclass both their ``ServiceBusError`` and the azure-core class, so code
 written for either catches them (``except ResourceNotFoundError`` as in the
 SDK's samples, ``except MessagingEntityNotFoundError`` as before), and carry
 the HTTP status the SDK's would (``status_code``).
+
+The engine refuses a command with a code (``topics.errors.ErrorCode``);
+:func:`for_code` names the error each code raises.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from azure.core.exceptions import (
     ResourceExistsError,
     ResourceNotFoundError,
 )
+
+from topics.errors import ErrorCode
 
 
 class ServiceBusError(Exception):
@@ -189,3 +194,27 @@ class MessageAlreadySettled(ValueError):
             f"Unable to {action}: the message has already been settled "
             "(completed, abandoned, dead-lettered or deferred)."
         )
+
+
+#: the error each of the engine's refusal codes raises
+_BY_CODE: dict[ErrorCode, type[ServiceBusError]] = {
+    ErrorCode.BAD_COMMAND: ServiceBusError,
+    ErrorCode.UNAUTHORIZED: ServiceBusAuthorizationError,
+    ErrorCode.MISROUTED: ServiceBusError,
+    ErrorCode.SERVER_BUSY: ServiceBusServerBusyError,
+    ErrorCode.MESSAGING_ENTITY_NOT_FOUND: MessagingEntityNotFoundError,
+    ErrorCode.STATE_TOO_LARGE: ServiceBusError,
+    ErrorCode.STATE_UNREADABLE: ServiceBusError,
+    ErrorCode.SESSION_REQUIRED: InvalidOperationError,
+    ErrorCode.INVALID_OPERATION: InvalidOperationError,
+    ErrorCode.SESSION_LOCK_LOST: SessionLockLostError,
+}
+
+
+def for_code(code: str) -> type[ServiceBusError]:
+    """The error to raise for the engine's refusal ``code`` (``Reply.error_code``);
+    ``ServiceBusError`` for a code this client does not know."""
+    try:
+        return _BY_CODE[ErrorCode(code)]
+    except ValueError:
+        return ServiceBusError

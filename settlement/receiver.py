@@ -40,8 +40,20 @@ from settlement.exceptions import (
 from settlement.message import ServiceBusReceivedMessage
 from settlement.processor import MessageProcessor
 from topics import names
-from topics.commands import Command, Reply
+from topics.commands import (
+    AcquireArgs,
+    AcquireDeferredArgs,
+    Action,
+    ClientArgs,
+    Command,
+    Grant,
+    PeekArgs,
+    Reply,
+    SettleArgs,
+    SettleItem,
+)
 from topics.connection import ConnectionSettings
+from topics.errors import ErrorCode
 
 if TYPE_CHECKING:
     from settlement.lock_renewer import AutoLockRenewer
@@ -224,12 +236,11 @@ class ServiceBusReceiver:
             partition = next(self._turn)
             reader = self._reader(partition)
             hw = reader.high_watermark() if self._sub == "active" else 0
-            cmd = self._link.command("acquire", self._entity, partition,
-                                     sub=self._sub, mode=self.receive_mode.value,
-                                     max=want - len(got), hw=hw)
+            cmd = self._link.command(self._entity, partition, AcquireArgs(
+                self._sub, self.receive_mode.value, want - len(got), hw))
             reply = self._link.call(cmd)
             check_reply(reply, self.entity_path)
-            got += self._materialize(partition, reply.result["grants"])
+            got += self._materialize(partition, reply.grants)
         return got
 
     def _receive_session(self, want: int) -> list[ServiceBusReceivedMessage]:
@@ -238,16 +249,15 @@ class ServiceBusReceiver:
         partition = self._session.partition
         # hw 0: the engine learns a session entity's log end from its scanner,
         # so the receiver need not wait for a fetch before asking.
-        cmd = self._link.command("acquire", self._entity, partition, sub="active",
-                                 mode=self.receive_mode.value, max=want, hw=0,
-                                 **self._session.args())
+        cmd = self._link.command(self._entity, partition, AcquireArgs(
+            "active", self.receive_mode.value, want, 0, *self._session.held()))
         reply = self._link.call(cmd)
-        if not reply.ok and reply.error_code == "SessionLockLost":
+        if not reply.ok and reply.error_code == ErrorCode.SESSION_LOCK_LOST:
             raise self._session.lost()
         check_reply(reply, self.entity_path)
-        return self._materialize(partition, reply.result["grants"])
+        return self._materialize(partition, reply.grants)
 
-    def _materialize(self, partition: int, grants: list[list[Any]], *, peeked: bool = False
+    def _materialize(self, partition: int, grants: list[Grant], *, peeked: bool = False
                      ) -> list[ServiceBusReceivedMessage]:
         """Read the granted records and build the messages. Records that must
         not reach the application are settled here instead: a record that
@@ -256,23 +266,25 @@ class ServiceBusReceiver:
         completed. Peeked records are shown as they are."""
         if not grants:
             return []
-        records = self._reader(partition).read([g[0] for g in grants])
+        records = self._reader(partition).read([g.offset for g in grants])
         out: list[ServiceBusReceivedMessage] = []
-        withheld: list[list[Any]] = []
+        withheld: list[SettleItem] = []
         now = dt.datetime.now(dt.UTC)
-        for offset, token, until, count, reason, description, source, state in grants:
+        for grant in grants:
+            offset, token, count = grant.offset, grant.lock_token, grant.deliveries
             record = records[offset]
             if record is None:
-                withheld.append([offset, token, "complete", None, None])
+                withheld.append(SettleItem(offset, token, Action.COMPLETE))
                 continue
             delivery = {
                 # The engine counts deliveries, this one included; the SDK
                 # reports the AMQP header's count of earlier attempts (0 on the
                 # first delivery), and a peek the deliveries so far.
                 "lock_token": token, "delivery_count": count if peeked else max(0, count - 1),
-                "locked_until_utc": _wire.utc_from_ms(until) if token else None,
-                "dead_letter_reason": reason, "dead_letter_error_description": description,
-                "dead_letter_source": source, "state": _wire.STATES[state],
+                "locked_until_utc": _wire.utc_from_ms(grant.locked_until_ms) if token else None,
+                "dead_letter_reason": grant.reason,
+                "dead_letter_error_description": grant.description,
+                "dead_letter_source": grant.source, "state": _wire.STATES[grant.state],
             }
             try:
                 message = _wire.decode(record.value(), record.headers(), record.timestamp()[1],
@@ -281,7 +293,8 @@ class ServiceBusReceiver:
             except _wire.MalformedRecord as exc:
                 log.warning("dead-lettering malformed record %s[%d]@%d: %s",
                             self._topic, partition, offset, exc)
-                withheld.append([offset, token, "dead_letter", exc.reason, str(exc)])
+                withheld.append(SettleItem(offset, token, Action.DEAD_LETTER, exc.reason,
+                                           str(exc)))
                 continue
             self._apply_queue_ttl(message)
             if self._rules is not None:
@@ -296,7 +309,7 @@ class ServiceBusReceiver:
             out.append(message)
         if withheld and not peeked and self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK:
             check_reply(self._link.call(self._link.command(
-                "settle", self._entity, partition, items=withheld)),
+                self._entity, partition, SettleArgs(tuple(withheld)))),
                 self.entity_path)
         return out
 
@@ -352,20 +365,19 @@ class ServiceBusReceiver:
             self._peek_from = split_sequence_number(sequence_number)
         partition, offset = self._peek_from
         last = self._props.partition_count
-        only: dict[str, Any] = {}
+        only: str | None = None
         if self._session is not None:  # a session receiver peeks its session
             partition = max(partition, self._session.partition)
             last = self._session.partition + 1
-            only = {"session": self._session.session_id}
+            only = self._session.session_id
         out: list[ServiceBusReceivedMessage] = []
         while partition < last and len(out) < max_message_count:
             hw = self._reader(partition).high_watermark(_left(deadline, 5.0))
-            reply = self._call(self._link.command(
-                "peek", self._entity, partition, sub=self._sub,
-                **{"from": offset}, max=max_message_count - len(out), hw=hw, **only), deadline)
+            reply = self._call(self._link.command(self._entity, partition, PeekArgs(
+                self._sub, offset, max_message_count - len(out), hw, only)), deadline)
             check_reply(reply, self.entity_path)
             entries = reply.result["messages"]
-            grants = [[o, None, 0, count, reason, description, source, state]
+            grants = [Grant(o, None, 0, count, reason, description, source, state)
                       for o, state, count, reason, description, source in entries]
             out += self._materialize(partition, grants, peeked=True)
             if entries:
@@ -395,9 +407,9 @@ class ServiceBusReceiver:
         out = []
         for partition, offsets in sorted(by_partition.items()):
             reply = self._call(self._link.command(
-                "acquire_deferred", self._entity, partition, offsets=offsets), deadline)
+                self._entity, partition, AcquireDeferredArgs(tuple(offsets))), deadline)
             check_reply(reply, self.entity_path)
-            out += self._materialize(partition, reply.result["grants"])
+            out += self._materialize(partition, reply.grants)
         self._renew_automatically(out)
         return out
 
@@ -473,14 +485,12 @@ class ServiceBusReceiver:
         for partition, messages_of_partition in sorted(by_partition.items()):
             for first in range(0, len(messages_of_partition), per_command):
                 group = messages_of_partition[first:first + per_command]
-                items = [[m.offset, m.lock_token, action, reason, description, None,
-                          _enqueued_ms(m)] for m in group]
+                items = [_settle_item(m, action, reason, description) for m in group]
                 reply = (self._batcher.settle(self._entity, partition, items) if deadline is None
-                         else self._call(self._link.command("settle", self._entity, partition,
-                                                            items=items), deadline))
+                         else self._call(self._link.command(
+                             self._entity, partition, SettleArgs(tuple(items))), deadline))
                 check_reply(reply, self.entity_path)
-                for message, (status, until) in zip(group, reply.result["results"],
-                                                    strict=True):
+                for message, (status, until) in zip(group, reply.statuses, strict=True):
                     results[id(message)] = SettlementResult(
                         message, self._apply_answer(message, action, status, until))
         return [results[id(m)] for m in messages]
@@ -529,7 +539,7 @@ class ServiceBusReceiver:
                                 batch_size=batch_size, max_wait_time=max_wait_time,
                                 max_message_count=max_message_count).run()
 
-    def _call(self, cmd: Command, deadline: float | None) -> Reply:
+    def _call(self, cmd: Command[ClientArgs], deadline: float | None) -> Reply:
         """``cmd``'s answer; by ``deadline`` (``time.monotonic()``) if there is one."""
         if deadline is None:
             return self._link.call(cmd)
@@ -575,20 +585,23 @@ def _left(deadline: float | None, default: float) -> float:
 
 
 def _withhold(message: ServiceBusReceivedMessage, token: str | None, now: dt.datetime
-              ) -> list[Any] | None:
+              ) -> SettleItem | None:
     """The settlement for a message the application must not get yet (or ever)."""
     offset = message.offset
     expires = message.expires_at_utc
     if expires is not None and expires <= now:
-        return [offset, token, "expire", None, None]
+        return SettleItem(offset, token, Action.EXPIRE)
     due = message.scheduled_enqueue_time_utc
     if due is not None and _wire.as_utc(due) > now:
-        return [offset, token, "schedule", None, None, _wire.epoch_ms(due)]
+        return SettleItem(offset, token, Action.SCHEDULE, at_ms=_wire.epoch_ms(due))
     return None
 
 
-def _enqueued_ms(message: ServiceBusReceivedMessage) -> int | None:
-    """The log timestamp the engine reports with a settlement (end-to-end latency)."""
+def _settle_item(message: ServiceBusReceivedMessage, action: str, reason: str | None = None,
+                 description: str | None = None) -> SettleItem:
+    """The settlement of a received message, with the log timestamp the engine
+    reports with it (end-to-end latency)."""
     stamp = message.enqueued_time_utc
-    return max(0, _wire.epoch_ms(stamp)) if stamp is not None else None
+    return SettleItem(message.offset, message.lock_token, Action(action), reason, description,
+                      enqueued_ms=max(0, _wire.epoch_ms(stamp)) if stamp is not None else None)
 

@@ -31,6 +31,7 @@ from settlement.exceptions import (
 )
 from settlement.message import ServiceBusMessage
 from topics import names
+from topics.commands import AnnounceArgs, CancelArgs
 from topics.connection import ConnectionSettings
 
 if TYPE_CHECKING:
@@ -155,12 +156,12 @@ class ServiceBusSender:
         link = self._engine()
         asked = [(entity, p, offsets) for entity in self._windows(scheduling=False)
                  for p, offsets in sorted(by_partition.items())]
-        replies = link.call_many([link.command("cancel", entity, p, offsets=offsets)
+        replies = link.call_many([link.command(entity, p, CancelArgs(tuple(offsets)))
                                   for entity, p, offsets in asked], timeout=timeout)
         cancelled = {sequence_number(p, o)
                      for (_, p, offsets), reply in zip(asked, replies, strict=True)
-                     for o, (status, _) in zip(offsets, reply.result.get("results", []),
-                                               strict=False) if status == "ok"}
+                     for o, (status, _) in zip(offsets, reply.statuses, strict=False)
+                     if status == "ok"}
         missing = [seq for seq in seqs if seq not in cancelled]
         if missing or not asked:
             raise MessageNotFoundError(
@@ -297,18 +298,18 @@ class ServiceBusSender:
         counted at once) and when messages with a time to live expire (the
         engine expires them on its own timer). Plain messages cost nothing."""
         now = dt.datetime.now(dt.UTC)
-        by_partition: dict[int, list[list[int]]] = {}
+        by_partition: dict[int, list[tuple[int, int, int]]] = {}
         for m, (partition, offset), stamp in zip(messages, placed, stamps, strict=True):
             due = m.scheduled_enqueue_time_utc
             due_ms = _wire.epoch_ms(due) if due is not None and _wire.as_utc(due) > now else 0
             ttl = m.time_to_live
             expires_ms = stamp + int(ttl.total_seconds() * 1000) if ttl else 0
             if due_ms or expires_ms:
-                by_partition.setdefault(partition, []).append([offset, due_ms, expires_ms])
+                by_partition.setdefault(partition, []).append((offset, due_ms, expires_ms))
         if not by_partition:
             return
         link = self._engine()
-        link.call_many([link.command("announce", entity, p, items=items)
+        link.call_many([link.command(entity, p, AnnounceArgs(tuple(items)))
                         for entity in self._windows(scheduling=True)
                         for p, items in sorted(by_partition.items())])
 

@@ -26,7 +26,7 @@ Each offset's findings are an :class:`Item`; offsets without one are plain.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from streams.due_index import SCHEDULE
 from streams.entries import Entry
@@ -44,10 +44,9 @@ from streams.states import (
     TRANSFER_DEAD,
     Event,
 )
+from streams.window_view import WindowView
+from topics.commands import Args, Command, DeadForwardedArgs, Op
 from topics.rule_set import FILTER_FAILED_REASON
-
-if TYPE_CHECKING:
-    from streams.window import InflightWindow
 
 # Marks of an accepted offset.
 (PLAIN, DUPLICATE, FORWARDED, TOO_MANY_HOPS, TARGET_MISSING, FILTERED, FILTER_FAILED,
@@ -71,17 +70,33 @@ class Item:
     session: str | None = None  # its session (session-enabled entities)
 
 
-def accept(window: InflightWindow, first: int, end: int, items: list[Item],
-           events: list[Event]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class AcceptArgs(Args):
+    """The log scanner vouches for the offsets of ``[first, end)``; ``items``:
+    what it found per offset (the others are plain)."""
+
+    OP = Op.ACCEPT
+    first: int
+    end: int
+    items: tuple[Item, ...]
+
+
+def accept(window: WindowView, cmd: Command[AcceptArgs], _now: int, events: list[Event]
+           ) -> dict[str, Any]:
     """Apply one scanned range; a range that does not continue where the
     window stands (a repeat after a crash, say) changes nothing."""
+    first, end = cmd.args.first, cmd.args.end
     if window.scanned is None or first != window.scanned or end < first:
         return {"accepted": False, "scanned": window.scanned}
-    duplicates, scheduled, forwarded, expiries, filtered = [], [], [], [], []
+    duplicates: list[int] = []
+    scheduled: list[int] = []
+    forwarded: list[int] = []
+    filtered: list[int] = []
+    expiries: list[list[int]] = []
     failed: dict[str, list[int]] = {}  # why a filter failed -> on which messages
     if window.requires_session:
         _reach(window, end)
-    for item in items:
+    for item in cmd.args.items:
         offset, expires, due, mark, error = (item.offset, item.expires, item.due, item.mark,
                                              item.error)
         if not first <= offset < end:
@@ -139,7 +154,7 @@ def accept(window: InflightWindow, first: int, end: int, items: list[Item],
     return {"accepted": True, "scanned": end}
 
 
-def _reach(window: InflightWindow, end: int) -> None:
+def _reach(window: WindowView, end: int) -> None:
     """On a session-enabled entity every accepted offset joins its session
     (or the dead letters): none is left for the plain grant loop, and the
     entries it had ahead (scheduled by their sender) are reached."""
@@ -149,7 +164,7 @@ def _reach(window: InflightWindow, end: int) -> None:
     window.next = end
 
 
-def _join_session(window: InflightWindow, offset: int, session: str) -> None:
+def _join_session(window: WindowView, offset: int, session: str) -> None:
     """The offset waits in its session; one a sender cancelled is gone."""
     entry = window.entries.get(offset)
     if entry is None or entry.state == SCHEDULED:
@@ -158,11 +173,11 @@ def _join_session(window: InflightWindow, offset: int, session: str) -> None:
         window.put(offset, None)
 
 
-def dead_forwarded(window: InflightWindow, offsets: list[int], events: list[Event]
-                   ) -> dict[str, Any]:
+def dead_forwarded(window: WindowView, cmd: Command[DeadForwardedArgs], _now: int,
+                   events: list[Event]) -> dict[str, Any]:
     """Dead letters the scanner copied to ``forward_dead_letters_to`` leave
     the sub-queue (unless a receiver holds one: the next sweep retries)."""
-    moved = [o for o in offsets
+    moved = [o for o in cmd.args.offsets
              if (entry := window.entries.get(o)) is not None and entry.state == DEAD]
     for offset in moved:
         window.settled(offset)
@@ -171,14 +186,14 @@ def dead_forwarded(window: InflightWindow, offsets: list[int], events: list[Even
     return {"moved": moved}
 
 
-def _describe(reason: str, window: InflightWindow) -> str:
+def _describe(reason: str, window: WindowView) -> str:
     if reason == MAX_HOPS_REASON:
         return (f"forwarding to {window.forward_to!r} would take the message over "
                 f"{MAX_HOPS} transfer hops")
     return f"the forward_to target {window.forward_to!r} does not exist"
 
 
-def expire_due(window: InflightWindow, now: int, items: list[list[int]],
+def expire_due(window: WindowView, now: int, items: list[list[int]],
                events: list[Event]) -> None:
     """Expire the messages of ``items`` (``[offset, expires]``) whose time to
     live has passed and that nobody holds a lock on; a locked one is looked at

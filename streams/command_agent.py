@@ -47,12 +47,15 @@ from topics import names, specs
 from topics.commands import (
     Command,
     CommandError,
+    Op,
     Reply,
     ReplyAddress,
+    StatsArgs,
     command_partition,
     decode_command,
     encode_reply,
 )
+from topics.errors import ErrorCode
 
 log = logging.getLogger(__name__)
 #: The largest header record (with its redo and outbox) the engine writes:
@@ -119,8 +122,9 @@ async def _handle(event: EventT) -> None:
     partitions = app.consumer.topic_partitions(commands_topic.get_topic_name()) or 0
     if event.key != cmd.window_key.encode() or (
             partitions and partition != command_partition(cmd.window_key, partitions)):
-        _reject(cmd, "Misrouted", f"command for window {cmd.window_key} must be keyed by it "
-                f"and sent to partition {command_partition(cmd.window_key, partitions or 1)}")
+        _reject(cmd, ErrorCode.MISROUTED,
+                f"command for window {cmd.window_key} must be keyed by it and sent to "
+                f"partition {command_partition(cmd.window_key, partitions or 1)}")
         return
     if not _admitted(cmd):
         return
@@ -138,13 +142,13 @@ def _admitted(cmd: Command) -> bool:
     waits for a new limit to be read) always runs: a raised limit must get
     through. The engine's own operations (:func:`run_internal`) never come
     here."""
-    if cmd.entity == NAMESPACE_KEY and cmd.op == "stats":
+    if cmd.entity == NAMESPACE_KEY and cmd.op is Op.STATS:
         return True
     limit = definitions().max_commands_per_second
     now = time.monotonic()
     if _throttle.admit(limit, _share() if limit is not None else 0.0, now):
         return True
-    _answer_refusal(cmd, "ServerBusy",
+    _answer_refusal(cmd, ErrorCode.SERVER_BUSY,
                     f"namespace {settings.namespace!r} is over its limit of {limit} engine "
                     "commands per second: wait 10 seconds and try again (clients do this on "
                     "their own)")
@@ -184,8 +188,8 @@ async def _execute(cmd: Command, partition: int, sent_ms: int) -> None:
         await _recover(raw, store)
         _recovered.add(key)
     known = definitions()
-    if cmd.op == "stats" and cmd.args["version"] >= 0:
-        await known.read_up_to(cmd.args["version"])
+    if isinstance(cmd.args, StatsArgs) and cmd.args.version >= 0:
+        await known.read_up_to(cmd.args.version)
     window = _load(key, raw, cmd, store)
     if window is None:
         return
@@ -196,11 +200,11 @@ async def _execute(cmd: Command, partition: int, sent_ms: int) -> None:
         await _drop(key, raw, store, header_store)
         window = InflightWindow(cmd.entity, cmd.partition, store)
     policy = await known.policy_as_of(cmd.entity, sent_ms)
-    if policy is None and names.SUBSCRIPTIONS in cmd.entity and cmd.op != "stats":
+    if policy is None and names.SUBSCRIPTIONS in cmd.entity and cmd.op is not Op.STATS:
         # A subscription's window must start where the subscription began,
         # which only its definition says (stats changes nothing: the
         # administration client asks it after a deletion).
-        _reject(cmd, "MessagingEntityNotFound",
+        _reject(cmd, ErrorCode.MESSAGING_ENTITY_NOT_FOUND,
                 f"subscription {cmd.entity!r} does not exist: create it with "
                 "ServiceBusAdministrationClient.create_subscription")
         return
@@ -213,7 +217,7 @@ async def _execute(cmd: Command, partition: int, sent_ms: int) -> None:
         outbox = _event_records(window, outcome.events, cmd.id)
         committed = window.commit_record(outcome.writes, outbox)
         if len(committed) > MAX_COMMIT_BYTES:
-            _reject(cmd, "StateTooLarge",
+            _reject(cmd, ErrorCode.STATE_TOO_LARGE,
                     f"what this {cmd.op} would store for {cmd.window_key} is "
                     f"{len(committed)} bytes, more than the {MAX_COMMIT_BYTES} the engine "
                     "writes at once: send fewer messages per call, or shorter "
@@ -238,7 +242,8 @@ def _load(key: bytes, raw: bytes | None, cmd: Command, store: TableStore
         return InflightWindow.load(raw, cmd.entity, cmd.partition, store, header)
     except (ValueError, KeyError, TypeError) as exc:
         log.error("window %s is unreadable (%s); leaving it untouched", cmd.window_key, exc)
-        _reject(cmd, "StateUnreadable", f"the engine cannot read the state of {cmd.window_key}")
+        _reject(cmd, ErrorCode.STATE_UNREADABLE,
+                f"the engine cannot read the state of {cmd.window_key}")
         return None
 
 
@@ -323,12 +328,12 @@ def _reply_ok(cmd: Command, result: dict[str, Any]) -> None:
         _answer(cmd.reply, Reply(cmd.id, cmd.reply.client, True, result))
 
 
-def _reject(cmd: Command, code: str, message: str) -> None:
+def _reject(cmd: Command, code: ErrorCode, message: str) -> None:
     log.warning("command %s (%s on %s): %s", cmd.id, cmd.op, cmd.window_key, message)
     _answer_refusal(cmd, code, message)
 
 
-def _answer_refusal(cmd: Command, code: str, message: str) -> None:
+def _answer_refusal(cmd: Command, code: ErrorCode, message: str) -> None:
     if cmd.reply is not None:
         _answer(cmd.reply, Reply(cmd.id, cmd.reply.client, False,
                                  error_code=code, error_message=message))

@@ -15,7 +15,7 @@ import uuid
 from streams.app import app, headers, timer_interval
 from streams.command_agent import run_internal
 from streams.window import InflightWindow
-from topics.commands import Command
+from topics.commands import Command, ExpireArgs
 from topics.names import split_window_key
 
 
@@ -27,4 +27,4 @@ async def sweep_lapsed_locks() -> None:
         if wake is None or wake > now:
             continue
         entity, partition = split_window_key(key.decode())
-        await run_internal(Command(f"expire-{uuid.uuid4().hex}", "expire", entity, partition))
+        await run_internal(Command(f"expire-{uuid.uuid4().hex}", entity, partition, ExpireArgs()))

@@ -34,13 +34,14 @@ from streams.acceptance import (
     FILTERED,
     NO_SESSION,
     PLAIN,
+    AcceptArgs,
     Item,
 )
 from streams.definitions import Definitions
 from streams.forwarding import Forwarder
 from streams.window import InflightWindow
 from topics import names
-from topics.commands import Command, session_partition, valid_session_id
+from topics.commands import Command, DeadForwardedArgs, session_partition, valid_session_id
 from topics.connection import ConnectionSettings
 from topics.offsets import take
 from topics.rule_set import RuleSet
@@ -150,8 +151,8 @@ class LogScanner:
             assert window.forward_to is not None
             items += self._forwarder.forward(to_forward, window.forward_to)
         self._sent[key] = (end, time.monotonic())
-        return Command(f"accept-{uuid.uuid4().hex}", "accept", window.entity, window.partition,
-                       None, {"from": start, "to": end, "items": items})
+        return Command(f"accept-{uuid.uuid4().hex}", window.entity, window.partition,
+                       AcceptArgs(start, end, tuple(items)))
 
     def _forward_dead_letters(self, window: InflightWindow) -> Command | None:
         if not window.forward_dead_letters_to:
@@ -168,8 +169,8 @@ class LogScanner:
         self._dead_sent.update((key, o) for o in copied)
         if not copied:
             return None
-        return Command(f"dead-forwarded-{uuid.uuid4().hex}", "dead_forwarded", window.entity,
-                       window.partition, None, {"offsets": copied})
+        return Command(f"dead-forwarded-{uuid.uuid4().hex}", window.entity, window.partition,
+                       DeadForwardedArgs(tuple(copied)))
 
     def _item(self, key: str, window: InflightWindow, record: Message, now: int
               ) -> Item | None:

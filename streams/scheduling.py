@@ -10,17 +10,16 @@ sweep makes it available again, keeping its delivery count.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from streams.due_index import SCHEDULE
 from streams.entries import Entry
 from streams.states import AVAILABLE, CANCELLED, SCHEDULED, Event
+from streams.window_view import WindowView
+from topics.commands import CancelArgs, Command
 
-if TYPE_CHECKING:
-    from streams.window import InflightWindow
 
-
-def schedule(window: InflightWindow, items: list[list[int]], events: list[Event]
+def schedule(window: WindowView, items: list[list[int]], events: list[Event]
              ) -> dict[str, Any]:
     """Park offsets the sender scheduled; each answer is ok, or invalid for an
     offset already handed out (its receiver will park it when it reads it)."""
@@ -40,20 +39,22 @@ def schedule(window: InflightWindow, items: list[list[int]], events: list[Event]
     return {"results": statuses}
 
 
-def park(window: InflightWindow, offset: int, entry: Entry, due: int) -> None:
+def park(window: WindowView, offset: int, entry: Entry, due: int) -> None:
     """A receiver met a message before it was due: park it; the delivery the
     lock counted did not happen."""
     _park(window, offset, max(entry.deliveries - 1, 0), due)
 
 
-def _park(window: InflightWindow, offset: int, deliveries: int, due: int) -> None:
+def _park(window: WindowView, offset: int, deliveries: int, due: int) -> None:
     window.put(offset, Entry(SCHEDULED, deliveries, until=due))
     window.due.add(due, SCHEDULE, f"{offset:016x}", [offset])
 
 
-def cancel(window: InflightWindow, offsets: list[int], events: list[Event]) -> dict[str, Any]:
-    statuses, cancelled = [], []
-    for offset in offsets:
+def cancel(window: WindowView, cmd: Command[CancelArgs], _now: int, events: list[Event]
+           ) -> dict[str, Any]:
+    statuses: list[list[Any]] = []
+    cancelled = []
+    for offset in cmd.args.offsets:
         entry = window.entries.get(offset)
         if entry is None or entry.state != SCHEDULED:
             statuses.append(["invalid", 0])
@@ -67,7 +68,7 @@ def cancel(window: InflightWindow, offsets: list[int], events: list[Event]) -> d
     return {"results": statuses}
 
 
-def activate(window: InflightWindow, offsets: list[int], events: list[Event]) -> None:
+def activate(window: WindowView, offsets: list[int], events: list[Event]) -> None:
     """Scheduled messages whose time has come become available: those handed
     out before go back among the redeliveries, the others wait to be reached."""
     for offset in offsets:

@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from topics.errors import ErrorCode
+
 # Slot states (one letter keeps the stored window small).
 LOCKED = "L"        # handed out under a peek-lock
 AVAILABLE = "A"     # abandoned or lapsed: redelivered before fresh offsets
-COMPLETED = "C"     # settled; dropped as soon as ``start`` passes it
 DEFERRED = "D"      # parked until fetched by sequence number
 DEFERRED_LOCKED = "d"
 DEAD = "X"          # in the dead-letter sub-queue
@@ -47,7 +48,7 @@ class Refused(Exception):
     """A command the window will not apply; the engine answers it with
     ``code`` and the message, and nothing of it is stored."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
 

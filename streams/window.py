@@ -33,7 +33,7 @@ import hmac
 import itertools
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -41,6 +41,7 @@ from streams import acceptance, scheduling, sessions
 from streams.answers import Answers
 from streams.due_index import EXPIRY, LOCK, SCHEDULE, SESSION, DueIndex
 from streams.entries import FAMILIES, Entries, Entry
+from streams.session_index import SessionIndex
 from streams.states import (
     AVAILABLE,
     CANCELLED,
@@ -62,15 +63,30 @@ from streams.states import (
     Outcome,
 )
 from streams.store import MemoryStore, Store, Txn
-from topics.commands import Command, Policy, batch_id, lock_token
+from topics.commands import (
+    OP_INFO,
+    AcquireArgs,
+    AcquireDeferredArgs,
+    Action,
+    AnnounceArgs,
+    Args,
+    Command,
+    ExpireArgs,
+    Grant,
+    Op,
+    PeekArgs,
+    Policy,
+    SettleArgs,
+    StatsArgs,
+    acquire_result,
+    batch_id,
+    lock_token,
+)
 
 #: settle actions -> the event they produce
 _SETTLED = {"complete": "completed", "abandon": "abandoned", "release": "abandoned",
             "defer": "deferred",
             "renewed": "renewed", "scheduled": "scheduled"}
-#: commands whose answers are remembered (the others are safe to apply twice)
-_REMEMBERED = ("acquire", "acquire_deferred", "settle", "announce", "cancel", "lock_session",
-               "renew_session", "release_session", "set_session_state")
 #: most timer entries one command handles; the rest wait for the next sweep
 MAX_DUE_PER_COMMAND = 5_000
 #: states of offsets still to be handed out or settled (they hold ``start``)
@@ -131,7 +147,7 @@ class InflightWindow:
         self.entries = Entries(self.txn, self.prefix, self.counts)
         self.due = DueIndex(self.txn, self.prefix)
         self.answers = Answers(self.txn, self.prefix)
-        self.sessions = sessions.SessionIndex(self.txn, self.prefix)
+        self.sessions = SessionIndex(self.txn, self.prefix)
 
     # ----------------------------------------------------------------- header
     _HEADER_FIELDS = ("start", "next", "hw", "lock_ms", "max_delivery", "dead_letter_expired",
@@ -207,7 +223,7 @@ class InflightWindow:
         return self.due.first()
 
     # -------------------------------------------------------------- dispatcher
-    def apply(self, cmd: Command, now: int, policy: tuple[int, Policy] | None = None
+    def apply(self, cmd: Command[Args], now: int, policy: tuple[int, Policy] | None = None
               ) -> Outcome:
         """Apply one command; a command id seen before returns its first answer.
         ``policy`` is the queue's newest known ``(version, policy)``, from
@@ -218,13 +234,14 @@ class InflightWindow:
         if policy is not None:
             self._adopt(*policy)
         sessions.guard(self, cmd, now)
-        if cmd.op in _REMEMBERED:
+        remembered = OP_INFO[cmd.op].remembered
+        if remembered:
             stored = self.answers.get(cmd.id)
             if stored is not None:
                 return Outcome(self._replay(cmd, stored), [], changed=False)
         events = self._expire(now)
-        result = self._dispatch(cmd, now, events)
-        if cmd.op in _REMEMBERED:
+        result = HANDLERS[cmd.op](self, cmd, now, events)
+        if remembered:
             self.answers.put(cmd.id, now, self._compact(cmd, result))
         self.answers.purge(now)
         self._advance_start()
@@ -240,48 +257,26 @@ class InflightWindow:
             self.store.apply(writes)
         return Outcome(result, events, changed=changed, writes=writes)
 
-    def _dispatch(self, cmd: Command, now: int, events: list[Event]) -> dict[str, Any]:
+    def _stats(self, cmd: Command[StatsArgs], _now: int, events: list[Event]
+               ) -> dict[str, Any]:
+        self.see_log_end(cmd.args.hw, events)
+        return self.stats()
+
+    def _peek_command(self, cmd: Command[PeekArgs], _now: int, events: list[Event]
+                      ) -> dict[str, Any]:
         args = cmd.args
-        if cmd.op == "acquire":
-            return self._acquire(cmd, now, events)
-        if cmd.op == "acquire_deferred":
-            return self._acquire_deferred(cmd, now, events)
-        if cmd.op == "settle":
-            return self._settle(cmd, now, events)
-        if cmd.op == "stats":
-            self.see_log_end(args["hw"], events)
-            return self.stats()
-        if cmd.op == "peek":
-            self.see_log_end(args["hw"], events)
-            return self._peek(args["sub"], args["from"], args["max"], args.get("session"))
-        if cmd.op == "announce":
-            return self._announce(args["items"], events)
-        if cmd.op == "cancel":
-            return scheduling.cancel(self, args["offsets"], events)
-        if cmd.op == "accept":
-            return acceptance.accept(self, args["from"], args["to"], args["items"], events)
-        if cmd.op == "dead_forwarded":
-            return acceptance.dead_forwarded(self, args["offsets"], events)
-        return self._session_op(cmd, now, events)
+        self.see_log_end(args.hw, events)
+        return self._peek(args.sub, args.first, args.max, args.session)
 
-    def _session_op(self, cmd: Command, now: int, events: list[Event]) -> dict[str, Any]:
-        if cmd.op == "lock_session":
-            return sessions.lock(self, cmd, now, events)
-        if cmd.op == "renew_session":
-            return sessions.renew(self, cmd, now)
-        if cmd.op == "release_session":
-            return sessions.release(self, cmd, events)
-        if cmd.op == "session_state":
-            return sessions.get_state(self, cmd)
-        if cmd.op == "set_session_state":
-            return sessions.set_state(self, cmd, now)
-        if cmd.op == "list_sessions":
-            return sessions.listing(self, cmd, now)
-        return {}  # expire: what happened before dispatching is all it asks for
+    def _expire_command(self, cmd: Command[ExpireArgs], _now: int, _events: list[Event]
+                        ) -> dict[str, Any]:
+        return {}  # what came due before dispatching is all it asks for
 
-    def _announce(self, items: list[list[int]], events: list[Event]) -> dict[str, Any]:
+    def _announce(self, cmd: Command[AnnounceArgs], _now: int, events: list[Event]
+                  ) -> dict[str, Any]:
         """What a sender says of messages it sent: when they are due, when they
         expire (so the timer expires them even with no receiver)."""
+        items = cmd.args.items
         self.see_log_end(max(item[0] for item in items) + 1, events)  # the sender saw them
         self.expire_later([[offset, expires] for offset, _due, expires in items if expires])
         scheduled = [[offset, due] for offset, due, _ in items if due]
@@ -312,11 +307,13 @@ class InflightWindow:
 
     # ----------------------------------------------------------------- answers
     @staticmethod
-    def _compact(cmd: Command, result: dict[str, Any]) -> Any:
+    def _compact(cmd: Command[Args], result: dict[str, Any]) -> Any:
         """What is needed to answer the command again, compactly."""
         if "grants" in result:  # acquires are rebuilt from the entries they locked
-            return {"locked": [g[0] for g in result["grants"] if g[1] is not None],
-                    "deleted": [[g[0], g[3]] for g in result["grants"] if g[1] is None],
+            grants = [Grant.from_wire(g) for g in result["grants"]]
+            return {"locked": [g.offset for g in grants if g.lock_token is not None],
+                    "deleted": [[g.offset, g.deliveries] for g in grants
+                                if g.lock_token is None],
                     "batch": result.get("batch", batch_id(cmd.id))}
         if "results" not in result:  # session operations: small answers, kept whole
             return {"whole": result}
@@ -324,7 +321,7 @@ class InflightWindow:
         return {"n": len(answers),
                 "x": [[i, *a] for i, a in enumerate(answers) if a != ["ok", 0]]}
 
-    def _replay(self, cmd: Command, stored: dict[str, Any]) -> dict[str, Any]:
+    def _replay(self, cmd: Command[Args], stored: dict[str, Any]) -> dict[str, Any]:
         if "whole" in stored:
             whole: dict[str, Any] = stored["whole"]
             return whole
@@ -340,8 +337,8 @@ class InflightWindow:
             if entry is not None and entry.batch == batch and (
                     entry.state == LOCKED or entry.state in PARKED_LOCKED):
                 grants.append(self.grant(offset, entry))
-        grants += [[o, None, 0, dc, None, None, None, "active"] for o, dc in stored["deleted"]]
-        return {"grants": grants, "next": self.next}
+        grants += [Grant(o, None, 0, dc) for o, dc in stored["deleted"]]
+        return acquire_result(grants, self.next)
 
     # ------------------------------------------------------------------ store
     def put(self, offset: int, entry: Entry | None) -> None:
@@ -449,12 +446,12 @@ class InflightWindow:
     def _token(self, entry: Entry, offset: int) -> str:
         return lock_token(bytes.fromhex(self.secret), entry.batch, offset)
 
-    def grant(self, offset: int, entry: Entry) -> list[Any]:
-        return [offset, self._token(entry, offset), entry.until, entry.deliveries,
-                entry.reason, entry.description, entry.source,
-                _GRANT_STATE.get(entry.state, "active")]
+    def grant(self, offset: int, entry: Entry) -> Grant:
+        return Grant(offset, self._token(entry, offset), entry.until, entry.deliveries,
+                     entry.reason, entry.description, entry.source,
+                     _GRANT_STATE.get(entry.state, "active"))
 
-    def _lock(self, offsets: list[int], state: str, batch: int, until: int) -> list[list[Any]]:
+    def _lock(self, offsets: list[int], state: str, batch: int, until: int) -> list[Grant]:
         """Lock offsets for one acquire; their lock ends share one timer."""
         grants = []
         for offset in offsets:
@@ -466,38 +463,40 @@ class InflightWindow:
         self.due.add(until, LOCK, f"{batch:016x}", offsets)
         return grants
 
-    def _acquire(self, cmd: Command, now: int, events: list[Event]) -> dict[str, Any]:
-        self.see_log_end(cmd.args["hw"], events)
-        want, batch = cmd.args["max"], batch_id(cmd.id)
+    def _acquire(self, cmd: Command[AcquireArgs], now: int, events: list[Event]
+                 ) -> dict[str, Any]:
+        args = cmd.args
+        self.see_log_end(args.hw, events)
+        want, batch = args.max, batch_id(cmd.id)
         until = now + self.lock_ms
-        sub = cmd.args["sub"]
-        if sub == "active" and cmd.args.get("session") is not None:
-            return sessions.acquire(self, cmd, events)
+        sub = args.sub
+        if sub == "active" and args.session is not None:
+            return sessions.acquire(self, args, events)
         if sub in SUB_QUEUE_STATES:
             free, locked = SUB_QUEUE_STATES[sub]
             picked = self._first_in(FAMILIES[sub], free, want)
             grants = self._lock(picked, locked, batch, until)
             if picked:
                 events.append(Event("locked", picked, {"sub": sub, "until": until}))
-            return {"grants": grants, "next": self.next}
+            return acquire_result(grants, self.next)
         picked = (self._first_in(FAMILIES["available"], AVAILABLE, want)
                   if self.counts.get(AVAILABLE) else [])
         picked += self._take_fresh(want - len(picked))
-        if cmd.args["mode"] == "receive_and_delete":
-            return {"grants": self.delete_on_receipt(picked, events), "next": self.next}
+        if args.mode == "receive_and_delete":
+            return acquire_result(self.delete_on_receipt(picked, events), self.next)
         grants = self._lock(picked, LOCKED, batch, until)
         if picked:
             events.append(Event("locked", picked, {"until": until}))
-        return {"grants": grants, "next": self.next}
+        return acquire_result(grants, self.next)
 
-    def delete_on_receipt(self, picked: list[int], events: list[Event]) -> list[list[Any]]:
+    def delete_on_receipt(self, picked: list[int], events: list[Event]) -> list[Grant]:
         """Hand ``picked`` out settled (receive-and-delete): grants without a
         lock token, each with the delivery it counts."""
         grants = []
         for offset in picked:
             entry = self.entries.get(offset)
             deliveries = (entry.deliveries if entry else 0) + 1
-            grants.append([offset, None, 0, deliveries, None, None, None, "active"])
+            grants.append(Grant(offset, None, 0, deliveries))
             self.settled(offset)
         if picked:
             events.append(Event("received_and_deleted", picked))
@@ -526,17 +525,18 @@ class InflightWindow:
         self.next = max(self.next, offset)
         return taken
 
-    def _acquire_deferred(self, cmd: Command, now: int, events: list[Event]) -> dict[str, Any]:
+    def _acquire_deferred(self, cmd: Command[AcquireDeferredArgs], now: int,
+                          events: list[Event]) -> dict[str, Any]:
         batch, until = batch_id(cmd.id), now + self.lock_ms
-        picked = [o for o in sorted(set(cmd.args["offsets"]))
+        picked = [o for o in sorted(set(cmd.args.offsets))
                   if (entry := self.entries.get(o)) is not None and entry.state == DEFERRED]
         grants = self._lock(picked, DEFERRED_LOCKED, batch, until)
         if picked:
             events.append(Event("locked", picked, {"sub": "deferred", "until": until}))
-        return {"grants": grants, "next": self.next}
+        return acquire_result(grants, self.next)
 
     # ------------------------------------------------------------------ settle
-    def _held(self, offset: int, token: str) -> Entry | None:
+    def _held(self, offset: int, token: str | None) -> Entry | None:
         """The locked entry a token still holds, None when the lock is lost."""
         entry = self.entries.get(offset)
         if entry is None or (entry.state != LOCKED and entry.state not in PARKED_LOCKED):
@@ -544,7 +544,8 @@ class InflightWindow:
         held = isinstance(token, str) and hmac.compare_digest(token, self._token(entry, offset))
         return entry if held else None
 
-    def _settle(self, cmd: Command, now: int, events: list[Event]) -> dict[str, Any]:
+    def _settle(self, cmd: Command[SettleArgs], now: int, events: list[Event]
+                ) -> dict[str, Any]:
         """Settle each item; answer each with ok, lock_lost or invalid."""
         done: dict[str, list[int]] = {}
         details: dict[int, list[Any]] = {}  # offset -> [held_ms, deliveries, enqueued_ms]
@@ -553,33 +554,36 @@ class InflightWindow:
         renewed_until = now + self.lock_ms
         unlocked: dict[tuple[int, int], list[int]] = {}  # (lock end, batch) -> offsets
         renewed: dict[int, list[int]] = {}  # batch -> offsets
-        for offset, token, action, reason, description, at, enqueued in cmd.args["items"]:
-            entry = self._held(offset, token)
+        for item in cmd.args.items:
+            offset, action = item.offset, item.action
+            entry = self._held(offset, item.lock_token)
             if entry is None:
                 statuses.append(["lock_lost", 0])
                 continue
-            if entry.state in (DEAD_LOCKED, TRANSFER_DEAD_LOCKED) and action in ("dead_letter",
-                                                                                 "defer"):
+            if entry.state in (DEAD_LOCKED, TRANSFER_DEAD_LOCKED) and action in (
+                    Action.DEAD_LETTER, Action.DEFER):
                 statuses.append(["invalid", 0])
                 continue
             unlocked.setdefault((entry.until, entry.batch), []).append(offset)
-            if action == "renew":
+            if action == Action.RENEW:
                 self.put(offset, replace(entry, until=renewed_until,
                                          locked_at=self.locked_at(entry)))
                 statuses.append(["ok", renewed_until])
                 done.setdefault("renewed", []).append(offset)
                 renewed.setdefault(entry.batch, []).append(offset)
                 continue
-            details[offset] = [now - self.locked_at(entry), entry.deliveries, enqueued]
-            if action == "schedule":
-                scheduling.park(self, offset, entry, at)
-                action = "scheduled"
-            elif action == "expire":
+            details[offset] = [now - self.locked_at(entry), entry.deliveries, item.enqueued_ms]
+            done_as: str = action
+            if action == Action.SCHEDULE:
+                assert item.at_ms is not None  # the decoder asks a schedule for its time
+                scheduling.park(self, offset, entry, item.at_ms)
+                done_as = "scheduled"
+            elif action == Action.EXPIRE:
                 self.expire_message(offset, events)
             else:
-                self._apply_action(offset, entry, action, reason, description, events)
+                self._apply_action(offset, entry, action, item.reason, item.description, events)
             statuses.append(["ok", 0])
-            done.setdefault(action, []).append(offset)
+            done.setdefault(done_as, []).append(offset)
         for (until, batch), offsets in unlocked.items():
             self.due.discard(until, LOCK, f"{batch:016x}", offsets)
         for batch, offsets in renewed.items():  # a lock's key names its batch and its end
@@ -597,12 +601,12 @@ class InflightWindow:
     def locked_at(self, entry: Entry) -> int:
         return entry.locked_at if entry.locked_at is not None else entry.until - self.lock_ms
 
-    def _apply_action(self, offset: int, entry: Entry, action: str, reason: str | None,
+    def _apply_action(self, offset: int, entry: Entry, action: Action, reason: str | None,
                       description: str | None, events: list[Event]) -> None:
-        if action == "complete":
+        if action == Action.COMPLETE:
             self.settled(offset)
-        elif action in ("abandon", "release"):
-            if action == "release":  # locked but never handed to the application
+        elif action in (Action.ABANDON, Action.RELEASE):
+            if action == Action.RELEASE:  # locked but never handed to the application
                 entry = replace(entry, deliveries=max(entry.deliveries - 1, 0))
                 self.put(offset, entry)
             if entry.state == LOCKED:
@@ -611,9 +615,9 @@ class InflightWindow:
                 self.put(offset, Entry(UNLOCKED[entry.state], entry.deliveries,
                                        reason=entry.reason, description=entry.description,
                                        source=entry.source))
-        elif action == "dead_letter":
+        elif action == Action.DEAD_LETTER:
             self._dead_letter([offset], reason, description, events)
-        elif action == "defer":
+        elif action == Action.DEFER:
             self.put(offset, Entry(DEFERRED, entry.deliveries))
 
     def expire_message(self, offset: int, events: list[Event]) -> None:
@@ -692,7 +696,7 @@ class InflightWindow:
         return self.start if first is None else min(self.start, first)
 
     # ------------------------------------------------------------------- stats
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | None]:
         """Counts for runtime properties; ``active`` includes locked messages."""
         count = self.entries.count
         unseen = max(0, self.hw - self.next - self.ahead)
@@ -731,3 +735,26 @@ def _coalesced(events: list[Event]) -> list[Event]:
             merged[key] = copy
         out.append(copy)
     return out
+
+
+#: an operation's handler: ``(window, command, now, events) -> result``
+Handler = Callable[[InflightWindow, Command[Any], int, list[Event]], dict[str, Any]]
+#: what the window runs for each operation (administrative ones never reach it)
+HANDLERS: Mapping[Op, Handler] = {
+    Op.ACQUIRE: InflightWindow._acquire,
+    Op.ACQUIRE_DEFERRED: InflightWindow._acquire_deferred,
+    Op.SETTLE: InflightWindow._settle,
+    Op.STATS: InflightWindow._stats,
+    Op.PEEK: InflightWindow._peek_command,
+    Op.ANNOUNCE: InflightWindow._announce,
+    Op.CANCEL: scheduling.cancel,
+    Op.LOCK_SESSION: sessions.lock,
+    Op.RENEW_SESSION: sessions.renew,
+    Op.RELEASE_SESSION: sessions.release,
+    Op.SESSION_STATE: sessions.get_state,
+    Op.SET_SESSION_STATE: sessions.set_state,
+    Op.LIST_SESSIONS: sessions.listing,
+    Op.EXPIRE: InflightWindow._expire_command,
+    Op.ACCEPT: acceptance.accept,
+    Op.DEAD_FORWARDED: acceptance.dead_forwarded,
+}

@@ -12,14 +12,17 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from settlement.management import ServiceBusAdministrationClient
 from settlement.receiver import MALFORMED_REASON
+from tests.wire_commands import call_raw
 from topics import names, specs
 from topics.commands import (
     Command,
     ReplyAddress,
+    StatsArgs,
     command_partition,
     decode_reply,
     encode_command,
 )
+from topics.errors import ErrorCode
 from topics.offsets import log_end_offsets
 
 
@@ -59,13 +62,10 @@ def test_malformed_command_gets_an_error_reply(client: ServiceBusClient,
                                                make_queue: Callable[..., str]) -> None:
     queue = make_queue()
     link = client.get_queue_receiver(queue)._link
-    bad = Command("bad-op-" + queue, "explode", queue, 0)
-    bad.reply = link.command("stats", queue, 0).reply
-    reply = link.call(bad)
-    assert not reply.ok and reply.error_code == "BadCommand"
+    reply = call_raw(link, "explode", queue, 0)
+    assert not reply.ok and reply.error_code == ErrorCode.BAD_COMMAND
     assert "unknown operation" in reply.error_message
-    settle = link.command("settle", queue, 0, items=[[0, "t", "melt", None, None]])
-    reply = link.call(settle)
+    reply = call_raw(link, "settle", queue, 0, items=[[0, "t", "melt", None, None]])
     assert not reply.ok and "action" in reply.error_message
     round_trip(client, queue)
 
@@ -79,8 +79,7 @@ def test_misrouted_command_is_refused(client: ServiceBusClient,
     ends = log_end_offsets(replies, [(reply_topic, 0)],
                            exact=client.settings.profile.exact_list_offsets)
     replies.assign([TopicPartition(reply_topic, 0, ends[(reply_topic, 0)])])
-    cmd = Command("misrouted-" + queue, "stats", queue, 0, ReplyAddress(0, "misrouted-test"),
-                  {"hw": 0})
+    cmd = Command("misrouted-" + queue, queue, 0, StatsArgs(0), ReplyAddress(0, "misrouted-test"))
     right = command_partition(cmd.window_key, specs.ENGINE_PARTITIONS)
     producer = raw_producer(client)
     producer.produce(names.commands(ns), encode_command(cmd), key=cmd.window_key.encode(),
@@ -94,7 +93,7 @@ def test_misrouted_command_is_refused(client: ServiceBusClient,
             if decoded is not None and decoded.id == cmd.id:
                 reply = decoded
     replies.close()
-    assert reply is not None and not reply.ok and reply.error_code == "Misrouted"
+    assert reply is not None and not reply.ok and reply.error_code == ErrorCode.MISROUTED
     round_trip(client, queue)
 
 

@@ -20,6 +20,7 @@ from settlement._engine_link import EngineLink
 from settlement.exceptions import ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
 from streams.process import EngineProcess
+from topics.commands import AcquireArgs, Action, SettleArgs, SettleItem
 from topics.connection import parse_connection_string
 
 DEAD = 30_000
@@ -78,24 +79,23 @@ def test_retried_commands_after_500_others_are_answered_not_applied_again(
         sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(3)])
     link = EngineLink(parse_connection_string(conn))
     try:
-        acquire = link.command("acquire", queue, 0, sub="active", mode="peek_lock", max=1, hw=3)
-        granted = link.call(acquire).result["grants"]
-        assert [g[0] for g in granted] == [0]
-        complete = link.command("settle", queue, 0, items=[
-            [0, granted[0][1], "complete", None, None, None, None]])
-        assert link.call(complete).result["results"] == [["ok", 0]]
+        acquire = link.command(queue, 0, AcquireArgs("active", "peek_lock", 1, 3))
+        granted = link.call(acquire).grants
+        assert [g.offset for g in granted] == [0]
+        complete = link.command(queue, 0, SettleArgs((
+            SettleItem(0, granted[0].lock_token, Action.COMPLETE),)))
+        assert link.call(complete).statuses == [("ok", 0)]
 
-        others = [link.command("settle", queue, 0, items=[
-            [2, "00000000-0000-0000-0000-000000000000", "complete", None, None, None, None]])
-            for _ in range(500)]
-        assert {r.result["results"][0][0] for r in link.call_many(others)} == {"lock_lost"}
+        forged = SettleItem(2, "00000000-0000-0000-0000-000000000000", Action.COMPLETE)
+        others = [link.command(queue, 0, SettleArgs((forged,))) for _ in range(500)]
+        assert {r.statuses[0][0] for r in link.call_many(others)} == {"lock_lost"}
 
         again = link.call(acquire)  # the same command id: the same answer
-        assert again.ok and again.result["grants"] == []  # its one lock was settled since
-        assert link.call(complete).result["results"] == [["ok", 0]]  # not "lock_lost"
-        fresh = link.call(link.command("acquire", queue, 0, sub="active", mode="peek_lock",
-                                       max=5, hw=3)).result["grants"]
-        assert [g[0] for g in fresh] == [1, 2], "the retried acquire took a message again"
+        assert again.ok and again.grants == []  # its one lock was settled since
+        assert link.call(complete).statuses == [("ok", 0)]  # not "lock_lost"
+        fresh = link.call(link.command(
+            queue, 0, AcquireArgs("active", "peek_lock", 5, 3))).grants
+        assert [g.offset for g in fresh] == [1, 2], "the retried acquire took a message again"
     finally:
         link.close()
 

@@ -3,24 +3,166 @@
 from __future__ import annotations
 
 import json
+import typing
 import uuid
+from typing import Any
 
 import pytest
 
+from settlement._engine_link import check_reply
+from settlement.exceptions import (
+    MessagingEntityNotFoundError,
+    ServiceBusError,
+    SessionLockLostError,
+    for_code,
+)
+from streams.window import HANDLERS
 from topics.commands import (
+    OP_INFO,
+    OPERATIONS,
+    AcquireArgs,
+    AcquireDeferredArgs,
+    Action,
+    AnnounceArgs,
+    CancelArgs,
+    ClientArgs,
     Command,
     CommandError,
+    Grant,
+    ListSessionsArgs,
+    LockSessionArgs,
+    Op,
+    PeekArgs,
+    ReleaseSessionArgs,
+    RenewSessionArgs,
+    Reply,
     ReplyAddress,
+    Sender,
+    SessionStateArgs,
+    SetSessionStateArgs,
+    SettleArgs,
+    SettleItem,
+    StatsArgs,
     decode_command,
     encode_command,
     lock_token,
 )
+from topics.errors import ErrorCode
+
+EVERY_CLIENT_ARGS: list[ClientArgs] = [
+    AcquireArgs("active", "peek_lock", 10, 7),
+    AcquireArgs("active", "receive_and_delete", 1, 0, "s1", "token"),
+    AcquireDeferredArgs((3, 5)),
+    SettleArgs((SettleItem(4, "t", Action.COMPLETE, enqueued_ms=12),
+                SettleItem(5, "t", Action.SCHEDULE, at_ms=99),
+                SettleItem(6, "t", Action.DEAD_LETTER, "why", "because", None, 13))),
+    StatsArgs(0),
+    StatsArgs(4, version=17),
+    PeekArgs("deadletter", 3, 20, 9),
+    PeekArgs("active", 0, 20, 9, session="s1"),
+    AnnounceArgs(((1, 1000, 0), (2, 0, 5000))),
+    CancelArgs((1, 2)),
+    LockSessionArgs(None),
+    LockSessionArgs("s1"),
+    RenewSessionArgs("s1", "token"),
+    ReleaseSessionArgs("s1", "token"),
+    SessionStateArgs("s1", "token"),
+    SetSessionStateArgs("s1", "token", "c3RhdGU="),
+    ListSessionsArgs(None, 100, None),
+    ListSessionsArgs("s1", 100, 1234),
+]
 
 
-def test_command_round_trip() -> None:
-    cmd = Command("id1", "acquire", "orders", 2, ReplyAddress(3, "client"),
-                  {"sub": "active", "mode": "peek_lock", "max": 10, "hw": 7})
+@pytest.mark.parametrize("args", EVERY_CLIENT_ARGS, ids=lambda a: str(a.OP))
+def test_command_round_trip(args: ClientArgs) -> None:
+    cmd = Command("id1", "orders", 2, args, ReplyAddress(3, "client"))
     assert decode_command(encode_command(cmd)) == cmd
+
+
+def test_every_client_operation_has_its_arguments_record() -> None:
+    assert {cls.OP for cls in typing.get_args(ClientArgs)} == OPERATIONS
+    assert {a.OP for a in EVERY_CLIENT_ARGS} == OPERATIONS
+
+
+def test_the_wire_keeps_the_documented_fields() -> None:
+    cmd = Command("id1", "orders", 0, PeekArgs("active", 3, 20, 9))
+    body = json.loads(encode_command(cmd))
+    assert body == {"v": 1, "id": "id1", "op": "peek", "entity": "orders", "partition": 0,
+                    "reply": None, "sub": "active", "from": 3, "max": 20, "hw": 9}
+
+
+def test_op_metadata_is_declared_for_every_op() -> None:
+    assert set(OP_INFO) == set(Op)
+    remembered = {op for op, info in OP_INFO.items() if info.remembered}
+    assert remembered == {"acquire", "acquire_deferred", "settle", "announce", "cancel",
+                          "lock_session", "renew_session", "release_session",
+                          "set_session_state"}
+    holder = {op for op, info in OP_INFO.items() if info.holder}
+    assert holder == {"renew_session", "release_session", "session_state",
+                      "set_session_state"}
+
+
+def test_the_window_has_a_handler_for_every_op_it_accepts() -> None:
+    accepted = {op for op, info in OP_INFO.items() if info.sender is not Sender.ADMINISTRATIVE}
+    assert set(HANDLERS) == accepted
+
+
+@pytest.mark.parametrize("op", sorted(HANDLERS))
+def test_each_handler_takes_the_arguments_of_its_op(op: Op) -> None:
+    hints = typing.get_type_hints(HANDLERS[op])
+    [args] = typing.get_args(hints["cmd"])
+    assert args.OP is op
+
+
+GRANTS: list[list[Any]] = [
+    [4, "0b5e6c1e-1111-4a4a-8b8b-000000000000", 61000, 1, None, None, None, "active"],
+    [5, None, 0, 2, None, None, None, "active"],
+    [6, "t", 5, 3, "MaxDeliveryCountExceeded", "delivered 3 times", "orders", "deadletter"],
+]
+
+
+@pytest.mark.parametrize("wire", GRANTS)
+def test_a_grant_round_trips_through_its_list_form(wire: list[Any]) -> None:
+    grant = Grant.from_wire(wire)
+    assert grant.to_wire() == wire
+    assert (grant.offset, grant.lock_token, grant.deliveries, grant.state) == (
+        wire[0], wire[1], wire[3], wire[7])
+
+
+def test_a_reply_reads_its_grants_by_name() -> None:
+    reply = Reply("id", "client", True, {"grants": GRANTS, "next": 7})
+    assert [g.offset for g in reply.grants] == [4, 5, 6]
+    assert reply.grants[2].reason == "MaxDeliveryCountExceeded"
+
+
+SETTLE_ITEMS: list[list[Any]] = [
+    [0, "t", "complete", None, None],
+    [1, "t", "schedule", None, None, 4000],
+    [2, "t", "dead_letter", "bad", "why", None, 70],
+    [3, "t", "complete", None, None, None, 60],
+]
+
+
+@pytest.mark.parametrize("wire", SETTLE_ITEMS)
+def test_a_settle_item_round_trips_through_its_list_form(wire: list[Any]) -> None:
+    item = SettleItem.from_wire(wire)
+    assert item.to_wire() == wire
+    assert (item.offset, item.lock_token, item.action) == (wire[0], wire[1], Action(wire[2]))
+
+
+@pytest.mark.parametrize("code", list(ErrorCode))
+def test_every_error_code_raises_its_own_exception(code: ErrorCode) -> None:
+    error = for_code(code)
+    assert issubclass(error, ServiceBusError)
+    with pytest.raises(error, match="orders") as raised:
+        check_reply(Reply("id", "client", False, error_code=code, error_message="no"), "orders")
+    assert raised.value.error_code == code
+
+
+def test_the_engine_error_codes_map_to_the_sdk_exceptions() -> None:
+    assert for_code("MessagingEntityNotFound") is MessagingEntityNotFoundError
+    assert for_code("SessionLockLost") is SessionLockLostError
+    assert for_code("SomethingNew") is ServiceBusError
 
 
 @pytest.mark.parametrize("raw, fragment", [

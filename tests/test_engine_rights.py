@@ -16,8 +16,10 @@ from settlement._engine_link import check_reply
 from settlement.exceptions import MessageLockLostError, ServiceBusAuthorizationError
 from settlement.management import ServiceBusAdministrationClient
 from settlement.receiver import ServiceBusReceiver
+from tests.wire_commands import call_raw, raw_command
 from topics import names
-from topics.commands import Command, command_partition, encode_command
+from topics.commands import command_partition
+from topics.errors import ErrorCode
 
 
 def send(client: ServiceBusClient, queue: str, count: int) -> None:
@@ -54,14 +56,13 @@ def test_a_forged_engine_or_admin_operation_is_refused_and_changes_nothing(
     done = receive(receiver, 50)
     assert all(r.succeeded for r in receiver.complete_messages(done))
     link = receiver._link
-    forged = link.command(op, queue, 0, **args)
-    reply = link.call(forged)
-    assert not reply.ok and reply.error_code == "Unauthorized"
+    reply = call_raw(link, op, queue, 0, **args)
+    assert not reply.ok and reply.error_code == ErrorCode.UNAUTHORIZED
     assert op in reply.error_message
     with pytest.raises(ServiceBusAuthorizationError, match=queue):
         check_reply(reply, queue)
     # The same, produced by a plain Kafka producer with a policy riding along.
-    body = encode_command(Command(f"raw-{uuid.uuid4().hex}", op, queue, 0, None, args))
+    body = raw_command(op, f"raw-{uuid.uuid4().hex}", queue, 0, args)
     producer = Producer(client.settings.kafka_config())
     producer.produce(names.commands(client.settings.namespace), body, key=f"{queue}#0".encode(),
                      partition=command_partition(f"{queue}#0", link._engine_partitions))
@@ -77,9 +78,10 @@ def test_a_command_carrying_a_policy_is_refused(client: ServiceBusClient,
                                                 make_queue: Callable[..., str]) -> None:
     queue = make_queue(lock_duration=30, partition_count=1)
     link = client.get_queue_receiver(queue)._link
-    cmd = link.command("stats", queue, 0, hw=0, policy={"lock_ms": 1000, "max_delivery": 1})
-    reply = link.call(cmd)
-    assert not reply.ok and reply.error_code == "Unauthorized" and "policy" in reply.error_message
+    reply = call_raw(link, "stats", queue, 0, hw=0,
+                     policy={"lock_ms": 1000, "max_delivery": 1})
+    assert not reply.ok and reply.error_code == ErrorCode.UNAUTHORIZED
+    assert "policy" in reply.error_message
 
 
 def test_lock_tokens_are_unguessable_and_not_reusable(

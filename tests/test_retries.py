@@ -21,7 +21,7 @@ from settlement.exceptions import (
 )
 from tests.helpers import Broker
 from topics import names, specs
-from topics.commands import decode_command
+from topics.commands import StatsArgs, decode_command
 from topics.connection import parse_connection_string
 
 ATTEMPT_S = 1.0
@@ -90,7 +90,7 @@ def test_an_engine_that_does_not_answer_is_retried_as_the_policy_says(
     policy = RetryPolicy.from_options(retry_total=len(expected_waits),
                                       retry_backoff_factor=factor, retry_mode=mode)
     link = EngineLink(settings, attempt_timeout=ATTEMPT_S, retry=policy)
-    command = link.command("stats", "nowhere", 0, hw=0, version=-1)
+    command = link.command("nowhere", 0, StatsArgs(0))
     try:
         with pytest.raises(OperationTimeoutError) as raised:
             link.call(command)

@@ -23,8 +23,10 @@ from settlement.exceptions import ServiceBusAuthenticationError, ServiceBusAutho
 from settlement.management import ServiceBusAdministrationClient
 from streams.process import EngineProcess
 from tests.helpers import TEST_BROKER
+from tests.wire_commands import call_raw
 from topics import rights
 from topics.connection import parse_connection_string
+from topics.errors import ErrorCode
 
 pytestmark = [pytest.mark.needs_broker, pytest.mark.skipif(TEST_BROKER != "kafka",
                                 reason="ACLs need Apache Kafka's authorizer")]
@@ -93,8 +95,8 @@ def test_send_and_listen_rights_each_allow_their_half(secured: KafkaCluster) -> 
             client.get_queue_receiver("payments").receive_messages(1, max_wait_time=5)
         link = receiver._link  # a Listen principal writes commands, but not the engine's
         for op in ("drop", "expire"):
-            reply = link.call(link.command(op, "orders", 0))
-            assert not reply.ok and reply.error_code == "Unauthorized", reply
+            reply = call_raw(link, op, "orders", 0)
+            assert not reply.ok and reply.error_code == ErrorCode.UNAUTHORIZED, reply
 
 
 def test_only_manage_creates_and_deletes(secured: KafkaCluster) -> None:

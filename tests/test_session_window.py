@@ -9,17 +9,18 @@ import time
 
 import pytest
 
-from streams.acceptance import NO_SESSION, Item
+from streams.acceptance import NO_SESSION, AcceptArgs, Item
 from streams.states import SESSION_ID_NULL_REASON, Refused
 from streams.window import InflightWindow
-from topics.commands import Command, Policy
+from tests.wire_commands import wire_command
+from topics.commands import ClientArgs, Command, Policy
 
 _ids = itertools.count()
 POLICY = Policy(lock_ms=1000, max_delivery=3, requires_session=True)
 
 
-def cmd(op: str, **args: object) -> Command:
-    return Command(f"c{next(_ids)}", op, "q", 0, None, dict(args))
+def cmd(op: str, **args: object) -> Command[ClientArgs]:
+    return wire_command(op, f"c{next(_ids)}", **args)
 
 
 def window_with(sessions: list[str | None]) -> InflightWindow:
@@ -29,7 +30,8 @@ def window_with(sessions: list[str | None]) -> InflightWindow:
     win.apply(cmd("stats", hw=0, version=-1), 0, policy=(0, POLICY))
     items = [Item(o, session=s) if s is not None else Item(o, mark=NO_SESSION)
              for o, s in enumerate(sessions)]
-    result = win.apply(cmd("accept", **{"from": 0, "to": len(sessions), "items": items}), 0)
+    accept = Command(f"c{next(_ids)}", "q", 0, AcceptArgs(0, len(sessions), tuple(items)))
+    result = win.apply(accept, 0)
     assert result.result["accepted"]
     return win
 

@@ -6,14 +6,15 @@ import itertools
 
 from streams.states import MAX_DELIVERY_REASON
 from streams.window import InflightWindow
-from topics.commands import Command, Policy
+from tests.wire_commands import wire_command
+from topics.commands import ClientArgs, Command, ExpireArgs, Policy
 
 _ids = itertools.count()
 POLICY = Policy(lock_ms=1000, max_delivery=3)
 
 
-def cmd(op: str, cmd_id: str | None = None, **args: object) -> Command:
-    return Command(cmd_id or f"c{next(_ids)}", op, "q", 0, None, dict(args))
+def cmd(op: str, cmd_id: str | None = None, **args: object) -> Command[ClientArgs]:
+    return wire_command(op, cmd_id or f"c{next(_ids)}", **args)
 
 
 def new_window() -> InflightWindow:
@@ -160,7 +161,7 @@ def test_window_header_round_trips_with_wake_time_in_front() -> None:
 def test_expire_without_policy_keeps_the_queue_policy() -> None:
     win = new_window()
     acquire(win, 0, n=1, hw=1)
-    win.apply(Command("e1", "expire", "q", 0), 5000)
+    win.apply(Command("e1", "q", 0, ExpireArgs()), 5000)
     assert win.max_delivery == 3 and win.stats()["active"] == 1
 
 
@@ -213,7 +214,7 @@ def test_announced_expiry_is_applied_by_the_timer_without_a_receiver() -> None:
     win.apply(cmd("announce", items=[[0, 0, 3000], [1, 0, 0]]), 0)
     win.see_log_end(2, [])
     assert win.wake_at() == 3000
-    win.apply(Command("tick", "expire", "q", 0), 3000)  # what the lock timer sends
+    win.apply(Command("tick", "q", 0, ExpireArgs()), 3000)  # what the lock timer sends
     assert win.totals.get("expired") == 1 and win.stats()["active"] == 1
     assert [g[0] for g in acquire(win, 3000, hw=2)] == [1]
 

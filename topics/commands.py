@@ -14,6 +14,15 @@ Command fields (all operations)::
 A queue's policy (lock duration, max delivery count, TTL...) is never part of
 a command: the engine reads it from the queue's definition.
 
+In code an operation is an :class:`Op`, and :data:`OP_INFO` says who sends
+it, whether its answer is remembered and whether it needs the session's lock.
+Its fields are one frozen record (``AcquireArgs``, ``SettleArgs``...): a
+client's write the fields below (``to_wire``) and validate them
+(``from_wire``); the engine's own (``ExpireArgs``, ``DeadForwardedArgs``,
+``streams.acceptance.AcceptArgs``) never travel. A grant and a settle item are
+:class:`Grant` and :class:`SettleItem`, which keep the list forms below on the
+wire; refusal codes are :class:`topics.errors.ErrorCode`.
+
 Operations clients send, and their own fields:
 
 ``acquire``           ``sub`` ("active"|"deadletter"), ``max``, ``mode``
@@ -59,7 +68,10 @@ A reply is ``{"v": 1, "id": ..., "client": ..., "ok": true, "result": {...}}``
 or ``{"v": 1, "id": ..., "client": ..., "ok": false, "error": {"code", "message"}}``.
 The code ``ServerBusy`` answers a command over the namespace's limit of
 commands per second before the engine ran it: the same command may be sent
-again (clients wait 10 s first).
+again (clients wait 10 s first). An acquire's result is ``{"grants":
+[[offset, lock_token, locked_until_ms, deliveries, reason, description, source,
+state]], "next": ...}``; a settle's, announce's or cancel's ``{"results":
+[[status, until]]}``.
 """
 
 from __future__ import annotations
@@ -68,29 +80,102 @@ import hashlib
 import json
 import uuid
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum, StrEnum
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 from confluent_kafka.cimpl import murmur2
 
+from topics.errors import ErrorCode
 from topics.rule_set import RuleSpec, selects_everything
 
 VERSION = 1
-#: what clients may send on the commands topic
-SESSION_OPERATIONS = frozenset({"lock_session", "renew_session", "release_session",
-                                "session_state", "set_session_state"})
-OPERATIONS = frozenset({"acquire", "acquire_deferred", "settle", "stats", "peek", "announce",
-                        "cancel", "list_sessions"}) | SESSION_OPERATIONS
-#: what only the engine's own timers and scanner issue, in-process
-ENGINE_OPERATIONS = frozenset({"expire", "accept", "dead_forwarded"})
-#: what takes effect only from an entity's definition, written by the
-#: administration client (create, update and delete a queue)
-ADMINISTRATIVE = frozenset({"define", "drop"})
-ACTIONS = frozenset({"complete", "abandon", "release", "dead_letter", "defer", "renew", "schedule",
-                     "expire"})
+
+
+class Op(StrEnum):
+    """Every operation; :data:`OP_INFO` says who sends each and how the engine treats it."""
+
+    ACQUIRE = "acquire"
+    ACQUIRE_DEFERRED = "acquire_deferred"
+    SETTLE = "settle"
+    STATS = "stats"
+    PEEK = "peek"
+    ANNOUNCE = "announce"
+    CANCEL = "cancel"
+    LOCK_SESSION = "lock_session"
+    RENEW_SESSION = "renew_session"
+    RELEASE_SESSION = "release_session"
+    SESSION_STATE = "session_state"
+    SET_SESSION_STATE = "set_session_state"
+    LIST_SESSIONS = "list_sessions"
+    EXPIRE = "expire"
+    ACCEPT = "accept"
+    DEAD_FORWARDED = "dead_forwarded"
+    DEFINE = "define"
+    DROP = "drop"
+
+
+class Sender(Enum):
+    #: clients, on the commands topic
+    CLIENT = "client"
+    #: the engine's own timers and scanner, in-process (refused from the topic)
+    ENGINE = "engine"
+    #: takes effect only from an entity's definition, written by the
+    #: administration client (create, update and delete a queue): never a command
+    ADMINISTRATIVE = "administrative"
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    sender: Sender
+    #: its answer is remembered by command id (the others are safe to apply twice)
+    remembered: bool = False
+    #: it needs the session lock held by the command's token
+    holder: bool = False
+
+
+_CLIENT, _ENGINE = Sender.CLIENT, Sender.ENGINE
+OP_INFO: Mapping[Op, OpInfo] = {
+    Op.ACQUIRE: OpInfo(_CLIENT, remembered=True),
+    Op.ACQUIRE_DEFERRED: OpInfo(_CLIENT, remembered=True),
+    Op.SETTLE: OpInfo(_CLIENT, remembered=True),
+    Op.STATS: OpInfo(_CLIENT),
+    Op.PEEK: OpInfo(_CLIENT),
+    Op.ANNOUNCE: OpInfo(_CLIENT, remembered=True),
+    Op.CANCEL: OpInfo(_CLIENT, remembered=True),
+    Op.LOCK_SESSION: OpInfo(_CLIENT, remembered=True),
+    Op.RENEW_SESSION: OpInfo(_CLIENT, remembered=True, holder=True),
+    Op.RELEASE_SESSION: OpInfo(_CLIENT, remembered=True, holder=True),
+    Op.SESSION_STATE: OpInfo(_CLIENT, holder=True),
+    Op.SET_SESSION_STATE: OpInfo(_CLIENT, remembered=True, holder=True),
+    Op.LIST_SESSIONS: OpInfo(_CLIENT),
+    Op.EXPIRE: OpInfo(_ENGINE),
+    Op.ACCEPT: OpInfo(_ENGINE),
+    Op.DEAD_FORWARDED: OpInfo(_ENGINE),
+    Op.DEFINE: OpInfo(Sender.ADMINISTRATIVE),
+    Op.DROP: OpInfo(Sender.ADMINISTRATIVE),
+}
+
+
+class Action(StrEnum):
+    """What a settle item does to its message."""
+
+    COMPLETE = "complete"
+    ABANDON = "abandon"
+    #: abandoned without counting a delivery: locked, never handed to the application
+    RELEASE = "release"
+    DEAD_LETTER = "dead_letter"
+    DEFER = "defer"
+    RENEW = "renew"
+    #: park until ``at_ms``: the receiver found the message not yet due
+    SCHEDULE = "schedule"
+    #: its time to live has passed
+    EXPIRE = "expire"
+
+
 SUB_QUEUES = frozenset({"active", "deadletter", "transferdeadletter"})
 MODES = frozenset({"peek_lock", "receive_and_delete"})
-MAX_LOCK_MS = 5 * 60 * 1000
 MAX_ACQUIRE = 5000
 MAX_TEXT = 4096
 #: the longest session id, as in Service Bus
@@ -104,7 +189,8 @@ class CommandError(ValueError):
     BadCommand), or asks for what clients may not do (Unauthorized)."""
 
     def __init__(self, message: str, command_id: str | None = None,
-                 reply: ReplyAddress | None = None, code: str = "BadCommand") -> None:
+                 reply: ReplyAddress | None = None,
+                 code: ErrorCode = ErrorCode.BAD_COMMAND) -> None:
         super().__init__(message)
         self.command_id = command_id
         self.reply = reply
@@ -146,14 +232,371 @@ class Policy:
                     or self.forward_dead_letters_to or filtered or self.requires_session)
 
 
-@dataclass
-class Command:
+# ------------------------------------------------------------------ records
+@dataclass(frozen=True)
+class SettleItem:
+    """One settlement of a ``settle`` command; on the wire
+    ``[offset, lock_token, action, reason, description, at_ms, enqueued_ms]``."""
+
+    offset: int
+    lock_token: str | None
+    action: Action
+    reason: str | None = None
+    description: str | None = None
+    #: when a scheduled message is due (``schedule`` only)
+    at_ms: int | None = None
+    #: the record's log timestamp, for end-to-end latency
+    enqueued_ms: int | None = None
+
+    def to_wire(self) -> list[Any]:
+        """The list form; trailing fields left out when null, as they may be."""
+        item: list[Any] = [self.offset, self.lock_token, self.action.value, self.reason,
+                           self.description, self.at_ms, self.enqueued_ms]
+        while len(item) > 5 and item[-1] is None:
+            item.pop()
+        return item
+
+    @classmethod
+    def from_wire(cls, item: Any) -> SettleItem:
+        """Validate one item of a ``settle`` command."""
+        if not (isinstance(item, list) and len(item) in (5, 6, 7)):
+            raise CommandError("each settlement must be [offset, lock_token, action, reason, "
+                               "description, at_ms, enqueued_ms]")
+        offset, token, action, reason, description = item[:5]
+        at = item[5] if len(item) >= 6 else None
+        enqueued = item[6] if len(item) == 7 else None
+        if enqueued is not None and not _is_count(enqueued):
+            raise CommandError("settlement enqueued_ms must be a non-negative integer")
+        if action == Action.SCHEDULE and not _is_count(at):
+            raise CommandError("a 'schedule' settlement needs at_ms, the time it is due")
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise CommandError(f"settlement offset must be a non-negative integer, got {offset!r}")
+        if not isinstance(token, str) or len(token) > 64:
+            raise CommandError("settlement lock_token must be a string")
+        if action not in _ACTIONS:
+            raise CommandError(f"settlement action {action!r} is not one of {sorted(_ACTIONS)}")
+        for text in (reason, description):
+            if text is not None and (not isinstance(text, str) or len(text) > MAX_TEXT):
+                raise CommandError("dead-letter reason and description must be text of "
+                                   f"at most {MAX_TEXT} characters")
+        return cls(offset, token, Action(action), reason, description, at, enqueued)
+
+
+_ACTIONS = frozenset(a.value for a in Action)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A message an ``acquire`` hands out (or a peek shows); on the wire
+    ``[offset, lock_token, locked_until_ms, deliveries, reason, description,
+    source, state]``. Without a lock token it was handed out settled
+    (receive-and-delete) or only shown."""
+
+    offset: int
+    lock_token: str | None
+    locked_until_ms: int
+    #: deliveries counted by the engine, this one included
+    deliveries: int
+    #: dead-letter reason, description and source entity
+    reason: str | None = None
+    description: str | None = None
+    source: str | None = None
+    #: the sub-queue it is in: active, deferred, deadletter or transferdeadletter
+    state: str = "active"
+
+    def to_wire(self) -> list[Any]:
+        return [self.offset, self.lock_token, self.locked_until_ms, self.deliveries,
+                self.reason, self.description, self.source, self.state]
+
+    @classmethod
+    def from_wire(cls, grant: list[Any]) -> Grant:
+        offset, token, until, deliveries, reason, description, source, state = grant
+        return cls(offset, token, until, deliveries, reason, description, source, state)
+
+
+# ------------------------------------------------------------- arguments
+@dataclass(frozen=True)
+class Args:
+    """The arguments of one operation; each subclass is one operation's."""
+
+    OP: ClassVar[Op]
+
+
+@dataclass(frozen=True)
+class WireArgs(Args):
+    """Arguments of an operation clients send: their fields on the wire."""
+
+    def to_wire(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> Self:
+        """Validate the command's fields into the record; raise CommandError."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class AcquireArgs(WireArgs):
+    OP = Op.ACQUIRE
+    sub: str
+    mode: str
+    max: int
+    hw: int
+    #: a session receiver's session, and its lock token
+    session: str | None = None
+    token: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"sub": self.sub, "mode": self.mode, "max": self.max,
+                                "hw": self.hw}
+        if self.session is not None:
+            body.update(session=self.session, token=self.token)
+        return body
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> Self:
+        if obj.get("sub") not in SUB_QUEUES:
+            raise CommandError(f"field 'sub' must be one of {sorted(SUB_QUEUES)}")
+        if obj.get("mode") not in MODES:
+            raise CommandError(f"field 'mode' must be one of {sorted(MODES)}")
+        max_, hw = _int(obj, "max", 1, MAX_ACQUIRE), _int(obj, "hw", 0, 1 << 62)
+        if obj.get("session") is None:
+            return cls(obj["sub"], obj["mode"], max_, hw)
+        return cls(obj["sub"], obj["mode"], max_, hw, _session_id(obj), _token(obj))
+
+
+@dataclass(frozen=True)
+class _OffsetsArgs(WireArgs):
+    offsets: tuple[int, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"offsets": list(self.offsets)}
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> Self:
+        offsets = obj.get("offsets")
+        if not isinstance(offsets, list) or not offsets or len(offsets) > MAX_ACQUIRE or not all(
+            _is_count(o) for o in offsets
+        ):
+            raise CommandError("field 'offsets' must be a non-empty list of offsets")
+        return cls(tuple(offsets))
+
+
+@dataclass(frozen=True)
+class AcquireDeferredArgs(_OffsetsArgs):
+    OP = Op.ACQUIRE_DEFERRED
+
+
+@dataclass(frozen=True)
+class CancelArgs(_OffsetsArgs):
+    """Cancel scheduled messages."""
+
+    OP = Op.CANCEL
+
+
+@dataclass(frozen=True)
+class SettleArgs(WireArgs):
+    OP = Op.SETTLE
+    items: tuple[SettleItem, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"items": [item.to_wire() for item in self.items]}
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> Self:
+        items = obj.get("items")
+        if not isinstance(items, list) or not items or len(items) > MAX_ACQUIRE:
+            raise CommandError(f"field 'items' must be a list of 1..{MAX_ACQUIRE} settlements")
+        return cls(tuple(SettleItem.from_wire(item) for item in items))
+
+
+@dataclass(frozen=True)
+class StatsArgs(WireArgs):
+    OP = Op.STATS
+    hw: int
+    #: first wait until the engine has read the entities topic up to this
+    #: offset (-1: do not wait)
+    version: int = -1
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"hw": self.hw} if self.version < 0 else {"hw": self.hw, "version": self.version}
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> Self:
+        return cls(_int(obj, "hw", 0, 1 << 62),
+                   _int(obj, "version", -1, 1 << 62) if "version" in obj else -1)
+
+
+@dataclass(frozen=True)
+class PeekArgs(WireArgs):
+    OP = Op.PEEK
+    sub: str
+    #: the first offset to show (``from`` on the wire)
+    first: int
+    max: int
+    hw: int
+    session: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"sub": self.sub, "from": self.first, "max": self.max,
+                                "hw": self.hw}
+        if self.session is not None:
+            body["session"] = self.session
+        return body
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> Self:
+        if obj.get("sub") not in SUB_QUEUES:
+            raise CommandError(f"field 'sub' must be one of {sorted(SUB_QUEUES)}")
+        return cls(obj["sub"], _int(obj, "from", 0, 1 << 62), _int(obj, "max", 1, MAX_ACQUIRE),
+                   _int(obj, "hw", 0, 1 << 62),
+                   _session_id(obj) if obj.get("session") is not None else None)
+
+
+@dataclass(frozen=True)
+class AnnounceArgs(WireArgs):
+    OP = Op.ANNOUNCE
+    #: ``(offset, due_ms, expires_ms)`` (0: none)
+    items: tuple[tuple[int, int, int], ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"items": [list(item) for item in self.items]}
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> Self:
+        items = obj.get("items")
+        if not isinstance(items, list) or not items or len(items) > MAX_ACQUIRE or not all(
+            isinstance(i, list) and len(i) == 3 and all(_is_count(v) for v in i) for i in items
+        ):
+            raise CommandError("field 'items' must be a non-empty list of "
+                               "[offset, due_ms, expires_ms]")
+        return cls(tuple((offset, due, expires) for offset, due, expires in items))
+
+
+@dataclass(frozen=True)
+class LockSessionArgs(WireArgs):
+    OP = Op.LOCK_SESSION
+    #: None: the next available session
+    session: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"session": self.session}
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> Self:
+        return cls(None if obj.get("session") is None else _session_id(obj))
+
+
+@dataclass(frozen=True)
+class HeldSessionArgs(WireArgs):
+    """A held session and its lock token (what ``lock_session`` answered)."""
+
+    session: str
+    token: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"session": self.session, "token": self.token}
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> Self:
+        return cls(_session_id(obj), _token(obj))
+
+
+@dataclass(frozen=True)
+class RenewSessionArgs(HeldSessionArgs):
+    OP = Op.RENEW_SESSION
+
+
+@dataclass(frozen=True)
+class ReleaseSessionArgs(HeldSessionArgs):
+    OP = Op.RELEASE_SESSION
+
+
+@dataclass(frozen=True)
+class SessionStateArgs(HeldSessionArgs):
+    OP = Op.SESSION_STATE
+
+
+@dataclass(frozen=True)
+class SetSessionStateArgs(HeldSessionArgs):
+    OP = Op.SET_SESSION_STATE
+    #: base64, or None to clear it
+    state: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {**super().to_wire(), "state": self.state}
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> Self:
+        held = HeldSessionArgs.from_wire(obj)
+        state = obj.get("state")
+        if state is not None and (not isinstance(state, str)
+                                  or len(state) > (MAX_SESSION_STATE + 2) // 3 * 4):
+            raise CommandError(f"field 'state' must be base64 of at most {MAX_SESSION_STATE} "
+                               "bytes, or null")
+        return cls(held.session, held.token, state)
+
+
+@dataclass(frozen=True)
+class ListSessionsArgs(WireArgs):
+    OP = Op.LIST_SESSIONS
+    after: str | None
+    max: int
+    updated_after: int | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"after": self.after, "max": self.max, "updated_after": self.updated_after}
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> Self:
+        after = obj.get("after")
+        if after is not None and not isinstance(after, str):
+            raise CommandError("field 'after' must be a session id or null")
+        updated = obj.get("updated_after")
+        return cls(after, _int(obj, "max", 1, MAX_ACQUIRE),
+                   None if updated is None else _int(obj, "updated_after", 0, 1 << 62))
+
+
+@dataclass(frozen=True)
+class ExpireArgs(Args):
+    """The lock timer's: what comes due before a command runs is all it asks for."""
+
+    OP = Op.EXPIRE
+
+
+@dataclass(frozen=True)
+class DeadForwardedArgs(Args):
+    """The log scanner's: dead letters it moved to their target."""
+
+    OP = Op.DEAD_FORWARDED
+    offsets: tuple[int, ...]
+
+
+#: the arguments of what clients send
+ClientArgs = (AcquireArgs | AcquireDeferredArgs | SettleArgs | StatsArgs | PeekArgs
+              | AnnounceArgs | CancelArgs | LockSessionArgs | RenewSessionArgs
+              | ReleaseSessionArgs | SessionStateArgs | SetSessionStateArgs | ListSessionsArgs)
+_CLIENT_ARGS: Mapping[Op, type[ClientArgs]] = {cls.OP: cls for cls in (
+    AcquireArgs, AcquireDeferredArgs, SettleArgs, StatsArgs, PeekArgs, AnnounceArgs, CancelArgs,
+    LockSessionArgs, RenewSessionArgs, ReleaseSessionArgs, SessionStateArgs,
+    SetSessionStateArgs, ListSessionsArgs)}
+#: what clients may send on the commands topic
+OPERATIONS = frozenset(op for op, info in OP_INFO.items() if info.sender is Sender.CLIENT)
+
+A = TypeVar("A", bound=Args, covariant=True)
+
+
+@dataclass(frozen=True)
+class Command(Generic[A]):
     id: str
-    op: str
     entity: str
     partition: int
+    args: A
     reply: ReplyAddress | None = None
-    args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def op(self) -> Op:
+        return self.args.OP
 
     @property
     def window_key(self) -> str:
@@ -169,6 +612,27 @@ class Reply:
     error_code: str = ""
     error_message: str = ""
 
+    @property
+    def grants(self) -> list[Grant]:
+        """What an acquire handed out."""
+        return [Grant.from_wire(g) for g in self.result["grants"]]
+
+    @property
+    def statuses(self) -> list[tuple[str, int]]:
+        """A settle's, announce's or cancel's answer per item: ``(status, until)``
+        with status ok, lock_lost or invalid."""
+        return [(status, until) for status, until in self.result.get("results", [])]
+
+
+def acquire_result(grants: list[Grant], next_offset: int, batch: int | None = None
+                   ) -> dict[str, Any]:
+    """An acquire's answer (:attr:`Reply.grants` reads it); ``batch`` is the
+    lock batch of a session's, which its replay needs."""
+    result: dict[str, Any] = {"grants": [g.to_wire() for g in grants], "next": next_offset}
+    if batch is not None:
+        result["batch"] = batch
+    return result
+
 
 def command_partition(window_key: str, partitions: int) -> int:
     """The commands-topic partition of a window; clients and engine agree on it."""
@@ -182,14 +646,14 @@ def session_partition(session_id: str, partitions: int) -> int:
     return int(murmur2(session_id.encode(), partitions)) if partitions > 1 else 0
 
 
-def encode_command(cmd: Command) -> bytes:
+def encode_command(cmd: Command[ClientArgs]) -> bytes:
     body: dict[str, Any] = {
-        "v": VERSION, "id": cmd.id, "op": cmd.op, "entity": cmd.entity,
+        "v": VERSION, "id": cmd.id, "op": cmd.op.value, "entity": cmd.entity,
         "partition": cmd.partition,
         "reply": None if cmd.reply is None else {"partition": cmd.reply.partition,
                                                   "client": cmd.reply.client},
     }
-    body.update(cmd.args)
+    body.update(cmd.args.to_wire())
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -200,7 +664,7 @@ def _int(obj: dict[str, Any], key: str, low: int, high: int) -> int:
     return value
 
 
-def decode_command(raw: bytes | None) -> Command:
+def decode_command(raw: bytes | None) -> Command[ClientArgs]:
     """Parse and validate a command; raise CommandError naming what is wrong.
 
     When the id and reply address could be read they ride on the error, so the
@@ -224,14 +688,16 @@ def decode_command(raw: bytes | None) -> Command:
         if not cmd_id or len(cmd_id) > 100:
             raise CommandError("field 'id' must be a non-empty string of at most 100 characters")
         op = obj.get("op")
-        if op in ENGINE_OPERATIONS:
+        known = Op(op) if op in _OP_NAMES else None
+        sender = None if known is None else OP_INFO[known].sender
+        if sender is Sender.ENGINE:
             raise CommandError(f"{op!r} is an operation of the engine itself; clients may "
-                               f"send {sorted(OPERATIONS)}", code="Unauthorized")
-        if op in ADMINISTRATIVE:
+                               f"send {sorted(OPERATIONS)}", code=ErrorCode.UNAUTHORIZED)
+        if sender is Sender.ADMINISTRATIVE:
             raise CommandError(f"{op!r} is not a command: queues are defined, changed and "
                                "deleted through their definitions (ServiceBusAdministrationClient, "
-                               "with the Manage right)", code="Unauthorized")
-        if op not in OPERATIONS:
+                               "with the Manage right)", code=ErrorCode.UNAUTHORIZED)
+        if known is None or sender is not Sender.CLIENT:
             raise CommandError(f"unknown operation {op!r}; expected one of {sorted(OPERATIONS)}")
         entity = obj.get("entity")
         if not isinstance(entity, str) or not entity or len(entity) > 500:
@@ -240,17 +706,18 @@ def decode_command(raw: bytes | None) -> Command:
         if obj.get("policy") is not None:
             raise CommandError("a command cannot carry a policy: the engine reads each "
                                "queue's from its definition (update_queue changes it)",
-                               code="Unauthorized")
-        args = _decode_args(op, obj)
+                               code=ErrorCode.UNAUTHORIZED)
+        args = _CLIENT_ARGS[known].from_wire(obj)
     except CommandError as exc:
         raise CommandError(str(exc), cmd_id, reply, exc.code) from None
-    return Command(cmd_id, op, entity, partition, reply, args)
+    return Command(cmd_id, entity, partition, args, reply)
 
 
-def _session_id(obj: dict[str, Any], *, required: bool) -> str | None:
+_OP_NAMES = frozenset(op.value for op in Op)
+
+
+def _session_id(obj: dict[str, Any]) -> str:
     value = obj.get("session")
-    if value is None and not required:
-        return None
     if not valid_session_id(value):
         raise CommandError(f"field 'session' must be a session id of 1..{MAX_SESSION_ID} "
                            "characters without control characters")
@@ -271,103 +738,8 @@ def _token(obj: dict[str, Any]) -> str:
     return token
 
 
-def _decode_session_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
-    if op == "lock_session":
-        return {"session": _session_id(obj, required=False)}
-    args = {"session": _session_id(obj, required=True), "token": _token(obj)}
-    if op == "set_session_state":
-        state = obj.get("state")
-        if state is not None and (not isinstance(state, str)
-                                  or len(state) > (MAX_SESSION_STATE + 2) // 3 * 4):
-            raise CommandError(f"field 'state' must be base64 of at most {MAX_SESSION_STATE} "
-                               "bytes, or null")
-        args["state"] = state
-    return args
-
-
-def _decode_args(op: str, obj: dict[str, Any]) -> dict[str, Any]:
-    if op in SESSION_OPERATIONS:
-        return _decode_session_args(op, obj)
-    if op == "list_sessions":
-        after = obj.get("after")
-        if after is not None and not isinstance(after, str):
-            raise CommandError("field 'after' must be a session id or null")
-        updated = obj.get("updated_after")
-        return {"after": after, "max": _int(obj, "max", 1, MAX_ACQUIRE),
-                "updated_after": None if updated is None
-                else _int(obj, "updated_after", 0, 1 << 62)}
-    if op == "acquire":
-        if obj.get("sub") not in SUB_QUEUES:
-            raise CommandError(f"field 'sub' must be one of {sorted(SUB_QUEUES)}")
-        if obj.get("mode") not in MODES:
-            raise CommandError(f"field 'mode' must be one of {sorted(MODES)}")
-        args = {"sub": obj["sub"], "mode": obj["mode"], "max": _int(obj, "max", 1, MAX_ACQUIRE),
-                "hw": _int(obj, "hw", 0, 1 << 62)}
-        if obj.get("session") is not None:  # a session receiver's
-            args.update(session=_session_id(obj, required=True), token=_token(obj))
-        return args
-    if op in ("acquire_deferred", "cancel"):
-        offsets = obj.get("offsets")
-        if not isinstance(offsets, list) or not offsets or len(offsets) > MAX_ACQUIRE or not all(
-            _is_count(o) for o in offsets
-        ):
-            raise CommandError("field 'offsets' must be a non-empty list of offsets")
-        return {"offsets": offsets}
-    if op == "announce":
-        items = obj.get("items")
-        if not isinstance(items, list) or not items or len(items) > MAX_ACQUIRE or not all(
-            isinstance(i, list) and len(i) == 3 and all(_is_count(v) for v in i) for i in items
-        ):
-            raise CommandError("field 'items' must be a non-empty list of "
-                               "[offset, due_ms, expires_ms]")
-        return {"items": items}
-    if op == "settle":
-        return {"items": _decode_items(obj.get("items"))}
-    if op == "stats":
-        return {"hw": _int(obj, "hw", 0, 1 << 62),
-                "version": _int(obj, "version", -1, 1 << 62) if "version" in obj else -1}
-    if op == "peek":
-        if obj.get("sub") not in SUB_QUEUES:
-            raise CommandError(f"field 'sub' must be one of {sorted(SUB_QUEUES)}")
-        args = {"sub": obj["sub"], "from": _int(obj, "from", 0, 1 << 62),
-                "max": _int(obj, "max", 1, MAX_ACQUIRE), "hw": _int(obj, "hw", 0, 1 << 62)}
-        if obj.get("session") is not None:
-            args["session"] = _session_id(obj, required=True)
-        return args
-    return {}
-
-
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _decode_items(items: Any) -> list[list[Any]]:
-    if not isinstance(items, list) or not items or len(items) > MAX_ACQUIRE:
-        raise CommandError(f"field 'items' must be a list of 1..{MAX_ACQUIRE} settlements")
-    out = []
-    for item in items:
-        if not (isinstance(item, list) and len(item) in (5, 6, 7)):
-            raise CommandError("each settlement must be [offset, lock_token, action, reason, "
-                               "description, at_ms, enqueued_ms]")
-        offset, token, action, reason, description = item[:5]
-        at = item[5] if len(item) >= 6 else None
-        enqueued = item[6] if len(item) == 7 else None
-        if enqueued is not None and not _is_count(enqueued):
-            raise CommandError("settlement enqueued_ms must be a non-negative integer")
-        if action == "schedule" and not _is_count(at):
-            raise CommandError("a 'schedule' settlement needs at_ms, the time it is due")
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-            raise CommandError(f"settlement offset must be a non-negative integer, got {offset!r}")
-        if not isinstance(token, str) or len(token) > 64:
-            raise CommandError("settlement lock_token must be a string")
-        if action not in ACTIONS:
-            raise CommandError(f"settlement action {action!r} is not one of {sorted(ACTIONS)}")
-        for text in (reason, description):
-            if text is not None and (not isinstance(text, str) or len(text) > MAX_TEXT):
-                raise CommandError("dead-letter reason and description must be text of "
-                                   f"at most {MAX_TEXT} characters")
-        out.append([offset, token, action, reason, description, at, enqueued])
-    return out
 
 
 def encode_reply(reply: Reply) -> bytes:

@@ -18,15 +18,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from settlement._engine_link import check_reply
 from settlement._settle_batcher import SettleBatcher
 from settlement.aio._offload import Offloader
 from settlement.message import ServiceBusReceivedMessage
-from settlement.receiver import _TEXT_PER_COMMAND, _enqueued_ms
+from settlement.receiver import _TEXT_PER_COMMAND, _settle_item
 from settlement.receiver import ServiceBusReceiver as SyncReceiver
-from topics.commands import MAX_ACQUIRE
+from topics.commands import MAX_ACQUIRE, SettleItem
 
 
 @dataclass
@@ -34,13 +33,13 @@ class _Settle:
     receiver: SyncReceiver
     message: ServiceBusReceivedMessage
     action: str
-    item: list[Any]
+    item: SettleItem
     answer: asyncio.Future[None]
 
     @property
     def text(self) -> int:
         """Characters of reason and description the engine stores with it."""
-        return len(self.item[3] or "") + len(self.item[4] or "") + 100
+        return len(self.item.reason or "") + len(self.item.description or "") + 100
 
 
 class SettleGroups:
@@ -61,9 +60,8 @@ class SettleGroups:
         coroutine: a thousand concurrent calls cost a thousand fewer frames."""
         receiver._check_open()
         receiver._check_settleable(message, action)
-        item = [message.offset, message.lock_token, action, reason, description, None,
-                _enqueued_ms(message)]
-        settle = _Settle(receiver, message, action, item,
+        settle = _Settle(receiver, message, action,
+                         _settle_item(message, action, reason, description),
                          asyncio.get_running_loop().create_future())
         window = (receiver._entity, message.partition)
         self._queued.setdefault(window, []).append(settle)
@@ -101,7 +99,7 @@ class SettleGroups:
                 window[0], window[1], [s.item for s in group]))
             self.commands_sent += 1
             check_reply(reply, group[0].receiver.entity_path)
-            answers = reply.result["results"]
+            answers = reply.statuses
         except asyncio.CancelledError:  # the loop is closing: every waiter must hear
             for settle in group:
                 settle.answer.cancel()

@@ -25,8 +25,8 @@ from settlement.exceptions import (
     MessagingEntityAlreadyExistsError,
     OperationTimeoutError,
     ServiceBusConnectionError,
-    ServiceBusError,
     denied,
+    for_code,
 )
 from settlement.management._queue_size import queue_size_in_bytes
 from settlement.management._topics import TopicAdministration, name_of, updated
@@ -39,6 +39,7 @@ from settlement.management._validation import (
     validated_log,
 )
 from topics import names, specs
+from topics.commands import StatsArgs
 from topics.connection import (
     ConnectionSettings,
     parse_connection_string,
@@ -174,7 +175,7 @@ class ServiceBusAdministrationClient(TopicAdministration):
         ``name`` may be :data:`NAMESPACE_KEY`: the namespace's settings."""
         link = self._engine()
         try:
-            replies = link.call_many([link.command("stats", name, p, hw=0, version=version)
+            replies = link.call_many([link.command(name, p, StatsArgs(0, version))
                                       for p in range(partitions)])
         except (OperationTimeoutError, ServiceBusConnectionError) as exc:
             log.warning("definition of %r written, but the engine did not answer (%s); it "
@@ -182,8 +183,9 @@ class ServiceBusAdministrationClient(TopicAdministration):
             return
         for reply in replies:
             if not reply.ok:
-                raise ServiceBusError(f"the engine refused to read the definition of {name!r}: "
-                                      f"{reply.error_message}", error_code=reply.error_code)
+                raise for_code(reply.error_code)(
+                    f"the engine refused to read the definition of {name!r}: "
+                    f"{reply.error_message}", error_code=reply.error_code)
 
     def get_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:
         refuse_admin("get_queue", kwargs)

@@ -18,7 +18,7 @@ from settlement._properties import QueueProperties, QueueRuntimeProperties
 from settlement._settled_stats import add_counts, log_ends, settled_stats
 from settlement._topic_properties import SubscriptionProperties
 from topics import names
-from topics.commands import MAX_ACQUIRE
+from topics.commands import MAX_ACQUIRE, PeekArgs
 from topics.connection import ConnectionSettings
 
 SAMPLE = 20_000
@@ -75,8 +75,8 @@ def _offsets_in_play(link: EngineLink, props: Receivable, partition: int, hw: in
     for sub in _SUB_QUEUES:
         first = 0
         while len(found) < sample:
-            reply = link.call(link.command("peek", props.path, partition, sub=sub,
-                                           max=page, hw=hw, **{"from": first}))
+            reply = link.call(link.command(props.path, partition,
+                                           PeekArgs(sub, first, page, hw)))
             entries = reply.result.get("messages", []) if reply.ok else []
             found += [e[0] for e in entries]
             if len(entries) < page:
