@@ -21,16 +21,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from settlement import _read_ahead as read_ahead
-from settlement import _wire
+from settlement import message_records
 from settlement._engine_link import EngineLink, check_reply
 from settlement._keywords import check_timeout, refuse
 from settlement._log_reader import PartitionReader
-from settlement._properties import QueueProperties
-from settlement._sequence import split_sequence_number
 from settlement._session import ServiceBusSession, ServiceBusSessionFilter
 from settlement._settle_batcher import SettleBatcher
 from settlement._subscription_rules import SubscriptionRules
-from settlement._topic_properties import SubscriptionProperties
 from settlement.exceptions import (
     InvalidOperationError,
     MessageAlreadySettled,
@@ -42,13 +39,17 @@ from settlement.processor import MessageProcessor
 from topics import names
 from topics.commands import Command, Reply
 from topics.connection import ConnectionSettings
+from topics.entities import QueueProperties, SubscriptionProperties
+from topics.message_record import MALFORMED, MalformedRecord
+from topics.sequence_numbers import split_sequence_number
+from topics.times import as_utc, epoch_ms, utc_from_ms
 
 if TYPE_CHECKING:
     from settlement.lock_renewer import AutoLockRenewer
 
 log = logging.getLogger(__name__)
 
-MALFORMED_REASON = _wire.MALFORMED
+MALFORMED_REASON = MALFORMED
 
 
 class ServiceBusReceiveMode(enum.StrEnum):
@@ -270,15 +271,15 @@ class ServiceBusReceiver:
                 # reports the AMQP header's count of earlier attempts (0 on the
                 # first delivery), and a peek the deliveries so far.
                 "lock_token": token, "delivery_count": count if peeked else max(0, count - 1),
-                "locked_until_utc": _wire.utc_from_ms(until) if token else None,
+                "locked_until_utc": utc_from_ms(until) if token else None,
                 "dead_letter_reason": reason, "dead_letter_error_description": description,
-                "dead_letter_source": source, "state": _wire.STATES[state],
+                "dead_letter_source": source, "state": message_records.STATES[state],
             }
             try:
-                message = _wire.decode(record.value(), record.headers(), record.timestamp()[1],
-                                       partition, offset,
-                                       lenient=peeked or self._sub != "active", **delivery)
-            except _wire.MalformedRecord as exc:
+                message = message_records.decode(
+                    record.value(), record.headers(), record.timestamp()[1], partition, offset,
+                    lenient=peeked or self._sub != "active", **delivery)
+            except MalformedRecord as exc:
                 log.warning("dead-lettering malformed record %s[%d]@%d: %s",
                             self._topic, partition, offset, exc)
                 withheld.append([offset, token, "dead_letter", exc.reason, str(exc)])
@@ -503,7 +504,7 @@ class ServiceBusReceiver:
                       until: int) -> ServiceBusError | None:
         if status == "ok":
             if action == "renew":
-                message.locked_until_utc = _wire.utc_from_ms(until)
+                message.locked_until_utc = utc_from_ms(until)
             else:
                 message._settled = True
             return None
@@ -582,13 +583,13 @@ def _withhold(message: ServiceBusReceivedMessage, token: str | None, now: dt.dat
     if expires is not None and expires <= now:
         return [offset, token, "expire", None, None]
     due = message.scheduled_enqueue_time_utc
-    if due is not None and _wire.as_utc(due) > now:
-        return [offset, token, "schedule", None, None, _wire.epoch_ms(due)]
+    if due is not None and as_utc(due) > now:
+        return [offset, token, "schedule", None, None, epoch_ms(due)]
     return None
 
 
 def _enqueued_ms(message: ServiceBusReceivedMessage) -> int | None:
     """The log timestamp the engine reports with a settlement (end-to-end latency)."""
     stamp = message.enqueued_time_utc
-    return max(0, _wire.epoch_ms(stamp)) if stamp is not None else None
+    return max(0, epoch_ms(stamp)) if stamp is not None else None
 

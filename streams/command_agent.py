@@ -26,7 +26,6 @@ from typing import Any
 
 from faust.types import TP, EventT, StreamT
 
-from settlement._namespace import NAMESPACE_KEY
 from streams import sessions
 from streams.app import (
     app,
@@ -53,6 +52,7 @@ from topics.commands import (
     decode_command,
     encode_reply,
 )
+from topics.entities import NAMESPACE_KEY
 
 log = logging.getLogger(__name__)
 #: The largest header record (with its redo and outbox) the engine writes:
