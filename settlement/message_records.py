@@ -52,7 +52,7 @@ def record_size(message: ServiceBusMessage) -> int:
     return len(key or b"") + len(value) + sum(len(k) + len(v) for k, v in headers)
 
 
-def decode(value: bytes | None, headers: Headers | None, timestamp_ms: int | None,
+def decode(value: bytes | None, headers: Headers, timestamp_ms: int | None,
            partition: int, offset: int, *, lenient: bool = False, **delivery: Any
            ) -> ServiceBusReceivedMessage:
     """The received message a record carries; raise MalformedRecord for a

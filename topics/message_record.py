@@ -28,6 +28,7 @@ message classes (:mod:`settlement.message_records`).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -57,8 +58,12 @@ _KNOWN = frozenset({*_TEXT_HEADERS, *_TIME_HEADERS, APPLICATION_PROPERTIES})
 #: headers the log scanner reads (of every record of a scanned entity)
 _SCANNED = ("message-id", TIME_TO_LIVE, SCHEDULED_ENQUEUE_TIME, "session-id")
 
-#: headers as confluent-kafka gives them
-Headers = list[tuple[str, bytes | None]]
+#: a record's headers as confluent-kafka types them: a consumed record's are a
+#: list of (name, bytes or None); the types also allow str values and a dict
+Headers = (Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]]
+           | None)
+#: headers to produce
+HeaderList = list[tuple[str, str | bytes | None]]
 #: ``(key, value, headers)`` of a record to produce
 Encoded = tuple[bytes | None, bytes, list[tuple[str, bytes]]]
 
@@ -132,21 +137,27 @@ def _check_property_sizes(properties: dict[str, Any]) -> None:
                 f"most {MAX_PROPERTY_BYTES}: move it into the body")
 
 
-def _headers_size(headers: Headers | list[tuple[str, bytes]]) -> int:
-    return sum(len(k.encode()) + len(v or b"") for k, v in headers)
+def _headers_size(headers: Headers) -> int:
+    return sum(len(k.encode()) + len(v or b"") for k, v in _pairs(headers))
 
 
-def decode(value: bytes | None, headers: Headers | None, *, lenient: bool = False) -> Decoded:
+def _pairs(headers: Headers) -> Iterator[tuple[str, bytes | None]]:
+    """``(name, value)`` of each header, values as bytes."""
+    for name, value in headers.items() if isinstance(headers, Mapping) else headers or ():
+        yield name, value.encode() if isinstance(value, str) else value
+
+
+def decode(value: bytes | None, headers: Headers, *, lenient: bool = False) -> Decoded:
     """The message a record carries; raise MalformedRecord for a record that
     breaks the format, unless ``lenient`` (then the body is kept and the
     unreadable headers are left out, for the dead-letter sub-queue)."""
     fields: dict[str, Any] = {}
     malformed: str | None = None
-    size = _headers_size(headers or [])
+    size = _headers_size(headers)
     if size > MAX_HEADERS_BYTES and not lenient:
         raise MalformedRecord(f"the record has {size} bytes of headers; at most "
                               f"{MAX_HEADERS_BYTES} are allowed", HEADER_SIZE_EXCEEDED)
-    for name, raw in headers or []:
+    for name, raw in _pairs(headers):
         try:
             fields.update(_decode_header(name, raw))
         except MalformedRecord as exc:
@@ -190,7 +201,7 @@ _SYSTEM_NAMES = {"message-id": "messageid", "correlation-id": "correlationid",
                  TIME_TO_LIVE: "timetolive", SCHEDULED_ENQUEUE_TIME: "scheduledenqueuetimeutc"}
 
 
-def filter_properties(value: bytes | None, headers: Headers | None,
+def filter_properties(value: bytes | None, headers: Headers,
                       timestamp_ms: int | None, partition: int, offset: int
                       ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(system, user)`` properties of a record as subscription rules see
@@ -202,7 +213,7 @@ def filter_properties(value: bytes | None, headers: Headers | None,
                               "enqueuedtimeutc": timestamp_ms,
                               "size": len(value or b"")}
     user: dict[str, Any] = {}
-    for name, raw in headers or []:
+    for name, raw in _pairs(headers):
         if name in _SYSTEM_NAMES:
             (decoded,) = _decode_header(name, raw).values()
             system[_SYSTEM_NAMES[name]] = decoded
@@ -224,9 +235,9 @@ class ScannedHeaders:
     scheduled_enqueue_time_ms: int = 0
 
 
-def scanned_headers(headers: Headers | None) -> ScannedHeaders:
+def scanned_headers(headers: Headers) -> ScannedHeaders:
     found: dict[str, str] = {}
-    for name, value in headers or []:
+    for name, value in _pairs(headers):
         if name in _SCANNED:
             try:
                 found[name] = (value or b"").decode("utf-8")
@@ -240,26 +251,26 @@ def _int(text: str | None) -> int:
     return int(text) if text is not None and text.isdigit() else 0
 
 
-def hop_count(headers: Headers | None) -> int:
+def hop_count(headers: Headers) -> int:
     """How many times the engine forwarded this record's message."""
-    for name, value in headers or []:
+    for name, value in _pairs(headers):
         if name == HOP_COUNT and value and value.isdigit():
             return int(value)
     return 0
 
 
-def forwarded_headers(headers: Headers | None, hops: int,
-                      extra_properties: dict[str, str | None] | None = None) -> Headers:
+def forwarded_headers(headers: Headers, hops: int,
+                      extra_properties: dict[str, str | None] | None = None) -> HeaderList:
     """The headers of a forwarded copy: ``hops`` counted, and ``extra_properties``
     (a dead letter's reason and description) added to its application properties."""
-    copied = [(k, v) for k, v in headers or [] if k != HOP_COUNT]
+    copied: HeaderList = [(k, v) for k, v in _pairs(headers) if k != HOP_COUNT]
     if extra_properties:
         copied = _with_properties(copied, extra_properties)
     copied.append((HOP_COUNT, str(hops).encode()))
     return copied
 
 
-def _with_properties(headers: Headers, extra: dict[str, str | None]) -> Headers:
+def _with_properties(headers: HeaderList, extra: dict[str, str | None]) -> HeaderList:
     props: dict[str, object] = {}
     rest = []
     for name, value in headers:
@@ -281,6 +292,6 @@ def with_replay_id(encoded: Encoded, replay_id: str) -> Encoded:
     return key, value, [*headers, (REPLAY_ID, replay_id.encode())]
 
 
-def replay_ids(headers: Headers | None) -> list[str]:
+def replay_ids(headers: Headers) -> list[str]:
     """The replay ids a record carries (one, for a paired client's)."""
-    return [value.decode() for name, value in headers or [] if name == REPLAY_ID and value]
+    return [value.decode() for name, value in _pairs(headers) if name == REPLAY_ID and value]
