@@ -4,7 +4,7 @@ JSON objects, declared here field by field so that their writers and the
 Spark jobs that read them (``spark.records``) agree.
 
 * An event record says what one command did to one window: its ``type``
-  (``delivered``, ``completed``, ``dead_lettered``...), the offsets it
+  (``locked``, ``dead_lettered``, ``scheduled``...), the offsets it
   concerns and the ``cmd`` that caused it (a command processed again after a
   crash publishes the same events again, under the same id), keyed
   ``ENTITY#PARTITION``.
