@@ -17,15 +17,6 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from settlement._namespace import NAMESPACE_KEY, NamespaceProperties
-from settlement._properties import QueueProperties
-from settlement._rules import RuleProperties
-from settlement._topic_properties import (
-    Definition,
-    SubscriptionProperties,
-    TopicProperties,
-    load_definition,
-)
 from settlement.exceptions import (
     MessagingEntityNotFoundError,
     ServiceBusConnectionError,
@@ -33,6 +24,16 @@ from settlement.exceptions import (
 )
 from topics import names
 from topics.connection import ConnectionSettings
+from topics.entities import (
+    NAMESPACE_KEY,
+    Definition,
+    NamespaceProperties,
+    QueueProperties,
+    RuleProperties,
+    SubscriptionProperties,
+    TopicProperties,
+    load_definition,
+)
 from topics.offsets import log_end_offsets, take
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from settlement import _wire
 from settlement._engine_link import EngineLink, check_reply
 from settlement._keywords import check_timeout, refuse
 from settlement.exceptions import (
@@ -37,6 +36,7 @@ from topics.commands import (
     session_partition,
 )
 from topics.errors import ErrorCode
+from topics.times import utc_from_ms
 
 #: how long a NEXT_AVAILABLE_SESSION receiver without max_wait_time waits for a session
 DEFAULT_SESSION_WAIT_S = 60.0
@@ -111,7 +111,7 @@ class ServiceBusSession:
         """Extend the session lock (and the locks of its received messages) by
         the entity's lock duration; returns the new end."""
         refuse("renew_lock", kwargs)
-        self._until = _wire.utc_from_ms(self._call(RenewSessionArgs, timeout)["until"])
+        self._until = utc_from_ms(self._call(RenewSessionArgs, timeout)["until"])
         return self._until
 
     # ------------------------------------------------------------- internals
@@ -147,10 +147,10 @@ class ServiceBusSession:
         if result.get("taken"):
             raise SessionCannotBeLockedError(
                 f"session {result['session']!r} of {self._entity} is locked by another "
-                f"receiver until {_wire.utc_from_ms(result['until']).isoformat()}: try again "
+                f"receiver until {utc_from_ms(result['until']).isoformat()}: try again "
                 "when it closes, or receive NEXT_AVAILABLE_SESSION")
         self._session_id, self._token = result["session"], result["token"]
-        self._until = _wire.utc_from_ms(result["until"])
+        self._until = utc_from_ms(result["until"])
         return True
 
     def lost(self) -> SessionLockLostError:

@@ -12,12 +12,11 @@ import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from settlement import _wire
 from settlement._engine_link import EngineLink, check_reply
-from settlement._properties import QueueProperties
 from settlement._settled_stats import log_ends, settled_stats
-from settlement._topic_properties import SubscriptionProperties
 from topics.commands import ListSessionsArgs
+from topics.entities import QueueProperties, SubscriptionProperties
+from topics.times import epoch_ms, utc_from_ms
 
 _PAGE = 1000
 
@@ -42,7 +41,7 @@ def list_sessions(link: EngineLink, props: QueueProperties | SubscriptionPropert
                   ) -> Iterator[SessionRuntimeProperties]:
     """Every session of the entity (with ``state_updated_after``, those whose
     state was set after it), partition by partition, in id order."""
-    updated_after = None if state_updated_after is None else _wire.epoch_ms(state_updated_after)
+    updated_after = None if state_updated_after is None else epoch_ms(state_updated_after)
     settled_stats(link, props, log_ends(link, props))  # sessions of what was sent till now
     for partition in range(props.partition_count):
         after = None
@@ -52,8 +51,8 @@ def list_sessions(link: EngineLink, props: QueueProperties | SubscriptionPropert
             check_reply(reply, props.path)
             for session_id, active, until, size, state_at in reply.result["sessions"]:
                 yield SessionRuntimeProperties(
-                    session_id, active, _wire.utc_from_ms(until) if until else None, size,
-                    _wire.utc_from_ms(state_at) if state_at else None)
+                    session_id, active, utc_from_ms(until) if until else None, size,
+                    utc_from_ms(state_at) if state_at else None)
             after = reply.result["last"]
             if after is None:
                 break

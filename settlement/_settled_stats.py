@@ -16,11 +16,10 @@ from typing import Any
 from confluent_kafka import Consumer
 
 from settlement._engine_link import EngineLink
-from settlement._properties import QueueProperties
-from settlement._topic_properties import SubscriptionProperties
 from settlement.exceptions import for_code
 from topics import names
 from topics.commands import Reply, StatsArgs
+from topics.entities import QueueProperties, SubscriptionProperties
 from topics.offsets import log_end_offsets
 
 SCAN_WAIT_S = 3.0

@@ -14,9 +14,9 @@ import time
 
 from confluent_kafka import Message
 
-from settlement import _wire
 from settlement._entities import EntityRegistry
 from settlement.message import ReceivedProperties, ServiceBusReceivedMessage
+from topics.message_record import MalformedRecord, filter_properties
 from topics.rule_set import RuleSet
 from topics.rules import MessageView
 
@@ -46,10 +46,10 @@ class SubscriptionRules:
         if not rules.has_actions:
             return
         try:
-            system, user = _wire.filter_properties(record.value(), record.headers(),
-                                                   record.timestamp()[1], record.partition(),
-                                                   record.offset())
-        except _wire.MalformedRecord:
+            system, user = filter_properties(record.value(), record.headers(),
+                                             record.timestamp()[1], record.partition(),
+                                             record.offset())
+        except MalformedRecord:
             return
         view = MessageView(system, user)
         verdict = rules.evaluate(view)

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from settlement import _wire
 from settlement import pairing as paired
 from settlement.dead_letters import copy_message
 from settlement.exceptions import ServiceBusError
 from settlement.message import ServiceBusReceivedMessage
 from topics import names
+from topics.message_record import replay_ids
 from topics.offsets import take
 
 if TYPE_CHECKING:
@@ -237,9 +237,7 @@ class LandedIds:
                 if record.error():
                     continue
                 position = record.offset() + 1
-                for name, value in record.headers() or []:
-                    if name == _wire.REPLAY_ID and value:
-                        ids.add(value.decode())
+                ids.update(replay_ids(record.headers()))
         if position < end:
             raise ServiceBusError(f"could not read {topic}[{partition}] up to {end} to find "
                                   "messages that reached it already; the syphon tries again")

@@ -26,7 +26,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from settlement._properties import DEFAULT_DUPLICATE_WINDOW, DEFAULT_TTL
 from settlement.cli import (
     UsageError,
     add_command,
@@ -46,6 +45,7 @@ from settlement.management import (
 from settlement.management._validation import as_timedeltas
 from settlement.message import PropertyValue
 from topics import names
+from topics.entities.queue import DEFAULT_DUPLICATE_WINDOW, DEFAULT_TTL
 from topics.rule_set import CORRELATION_FIELDS, DEFAULT_RULE
 from topics.rules import SqlSyntaxError
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from settlement._wire import record_size
 from settlement.exceptions import MessageSizeExceededError
 from settlement.message import ServiceBusMessage
+from settlement.message_records import record_size
 
 
 class ServiceBusMessageBatch:

@@ -39,9 +39,7 @@ from confluent_kafka import KafkaError, KafkaException
 from tqdm import tqdm
 
 from settlement._entities import EntityRegistry
-from settlement._properties import QueueProperties
 from settlement._session import NEXT_AVAILABLE_SESSION
-from settlement._topic_properties import Definition, SubscriptionProperties, TopicProperties
 from settlement.apache_kafka import KAFKA_VERSION
 from settlement.client import ServiceBusClient
 from settlement.dead_letters import purge_dead_letters, resubmit_dead_letters
@@ -53,6 +51,7 @@ from settlement.sender import ServiceBusSender
 from spark import cli as spark_cli
 from topics import names
 from topics.connection import ConnectionStringError, parse_connection_string
+from topics.entities import Definition, QueueProperties, SubscriptionProperties, TopicProperties
 from topics.specs import ProvisioningError
 
 log = logging.getLogger(__name__)

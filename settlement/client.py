@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
 from settlement._keywords import refuse
-from settlement._properties import QueueProperties
 from settlement._quota import QuotaGuard
 from settlement._retry import RetryPolicy
 from settlement._session import ServiceBusSessionFilter
@@ -18,7 +17,6 @@ from settlement._session_listing import session_ids
 from settlement._settle_batcher import SettleBatcher
 from settlement._sign_in import check_sign_in
 from settlement._subscription_rules import SubscriptionRules
-from settlement._topic_properties import SubscriptionProperties
 from settlement.receiver import ServiceBusReceiveMode, ServiceBusReceiver, ServiceBusSubQueue
 from settlement.sender import ServiceBusSender
 from topics import names
@@ -27,6 +25,7 @@ from topics.connection import (
     parse_connection_string,
     settings_from_credential,
 )
+from topics.entities import QueueProperties, SubscriptionProperties
 from topics.names import parse_entity_path
 
 if TYPE_CHECKING:

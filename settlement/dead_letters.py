@@ -17,11 +17,11 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 
-from settlement._wire import as_utc
 from settlement.client import ServiceBusClient
 from settlement.message import ServiceBusMessage, ServiceBusReceivedMessage
 from settlement.receiver import ServiceBusSubQueue
 from topics import names
+from topics.times import as_utc
 
 Progress = Callable[[int], None]
 #: Application property of a copy made by a replay job: ``entity/partition/offset``

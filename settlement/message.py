@@ -8,10 +8,10 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from settlement._sequence import split_sequence_number
 from settlement.amqp import AmqpMessageBodyType
+from topics.message_record import MAX_ID_LENGTH
+from topics.sequence_numbers import split_sequence_number
 
-MAX_ID_LENGTH = 128
 PropertyValue = str | int | float | bool | None
 
 

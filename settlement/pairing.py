@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from settlement import _wire
 from settlement._retry import RetryPolicy
 from settlement.exceptions import (
     MessagingEntityNotFoundError,
@@ -44,6 +43,7 @@ from settlement.exceptions import (
 from settlement.message import ServiceBusMessage
 from topics import names, specs
 from topics.connection import ConnectionSettings, parse_connection_string
+from topics.message_record import with_replay_id
 
 if TYPE_CHECKING:
     from settlement.sender import Delivery, ServiceBusSender
@@ -215,8 +215,8 @@ class Pairing:
 
         route = self.route(sender.kind, sender.entity_name)
         replay_ids = [uuid.uuid4().hex for _ in messages]
-        records = [(k, v, [*h, (_wire.REPLAY_ID, rid.encode())])
-                   for (k, v, h), rid in zip(records, replay_ids, strict=True)]
+        records = [with_replay_id(record, rid)
+                   for record, rid in zip(records, replay_ids, strict=True)]
         delivery = Delivery(len(records))
         first_try_ms = int(time.time() * 1000)
         while not route.to_backlog:

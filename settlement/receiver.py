@@ -21,16 +21,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from settlement import _read_ahead as read_ahead
-from settlement import _wire
+from settlement import message_records
 from settlement._engine_link import EngineLink, check_reply
 from settlement._keywords import check_timeout, refuse
 from settlement._log_reader import PartitionReader
-from settlement._properties import QueueProperties
-from settlement._sequence import split_sequence_number
 from settlement._session import ServiceBusSession, ServiceBusSessionFilter
 from settlement._settle_batcher import SettleBatcher
 from settlement._subscription_rules import SubscriptionRules
-from settlement._topic_properties import SubscriptionProperties
 from settlement.exceptions import (
     InvalidOperationError,
     MessageAlreadySettled,
@@ -53,14 +50,18 @@ from topics.commands import (
     SettleItem,
 )
 from topics.connection import ConnectionSettings
+from topics.entities import QueueProperties, SubscriptionProperties
 from topics.errors import ErrorCode
+from topics.message_record import MALFORMED, MalformedRecord
+from topics.sequence_numbers import split_sequence_number
+from topics.times import as_utc, epoch_ms, utc_from_ms
 
 if TYPE_CHECKING:
     from settlement.lock_renewer import AutoLockRenewer
 
 log = logging.getLogger(__name__)
 
-MALFORMED_REASON = _wire.MALFORMED
+MALFORMED_REASON = MALFORMED
 
 
 class ServiceBusReceiveMode(enum.StrEnum):
@@ -281,16 +282,16 @@ class ServiceBusReceiver:
                 # reports the AMQP header's count of earlier attempts (0 on the
                 # first delivery), and a peek the deliveries so far.
                 "lock_token": token, "delivery_count": count if peeked else max(0, count - 1),
-                "locked_until_utc": _wire.utc_from_ms(grant.locked_until_ms) if token else None,
+                "locked_until_utc": utc_from_ms(grant.locked_until_ms) if token else None,
                 "dead_letter_reason": grant.reason,
                 "dead_letter_error_description": grant.description,
-                "dead_letter_source": grant.source, "state": _wire.STATES[grant.state],
+                "dead_letter_source": grant.source, "state": message_records.STATES[grant.state],
             }
             try:
-                message = _wire.decode(record.value(), record.headers(), record.timestamp()[1],
-                                       partition, offset,
-                                       lenient=peeked or self._sub != "active", **delivery)
-            except _wire.MalformedRecord as exc:
+                message = message_records.decode(
+                    record.value(), record.headers(), record.timestamp()[1], partition, offset,
+                    lenient=peeked or self._sub != "active", **delivery)
+            except MalformedRecord as exc:
                 log.warning("dead-lettering malformed record %s[%d]@%d: %s",
                             self._topic, partition, offset, exc)
                 withheld.append(SettleItem(offset, token, Action.DEAD_LETTER, exc.reason,
@@ -513,7 +514,7 @@ class ServiceBusReceiver:
                       until: int) -> ServiceBusError | None:
         if status == "ok":
             if action == "renew":
-                message.locked_until_utc = _wire.utc_from_ms(until)
+                message.locked_until_utc = utc_from_ms(until)
             else:
                 message._settled = True
             return None
@@ -592,8 +593,8 @@ def _withhold(message: ServiceBusReceivedMessage, token: str | None, now: dt.dat
     if expires is not None and expires <= now:
         return SettleItem(offset, token, Action.EXPIRE)
     due = message.scheduled_enqueue_time_utc
-    if due is not None and _wire.as_utc(due) > now:
-        return SettleItem(offset, token, Action.SCHEDULE, at_ms=_wire.epoch_ms(due))
+    if due is not None and as_utc(due) > now:
+        return SettleItem(offset, token, Action.SCHEDULE, at_ms=epoch_ms(due))
     return None
 
 
@@ -603,5 +604,5 @@ def _settle_item(message: ServiceBusReceivedMessage, action: str, reason: str | 
     reports with it (end-to-end latency)."""
     stamp = message.enqueued_time_utc
     return SettleItem(message.offset, message.lock_token, Action(action), reason, description,
-                      enqueued_ms=max(0, _wire.epoch_ms(stamp)) if stamp is not None else None)
+                      enqueued_ms=max(0, epoch_ms(stamp)) if stamp is not None else None)
 

@@ -11,13 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from settlement import _wire
+from settlement import message_records
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
-from settlement._properties import QueueProperties
 from settlement._quota import QuotaGuard
 from settlement._retry import RetryPolicy
-from settlement._sequence import sequence_number, split_sequence_number
 from settlement.batch import ServiceBusMessageBatch
 from settlement.exceptions import (
     InvalidOperationError,
@@ -33,6 +31,10 @@ from settlement.message import ServiceBusMessage
 from topics import names
 from topics.commands import AnnounceArgs, CancelArgs
 from topics.connection import ConnectionSettings
+from topics.entities import QueueProperties
+from topics.message_record import with_replay_id
+from topics.sequence_numbers import sequence_number, split_sequence_number
+from topics.times import as_utc, epoch_ms
 
 if TYPE_CHECKING:
     from settlement.pairing import Pairing
@@ -200,9 +202,8 @@ class ServiceBusSender:
                              ) -> None:
         """Send as a paired namespace's syphon moves backlog messages: each
         record keeps the replay id it was first sent with."""
-        records = [(key, value, [*headers, (_wire.REPLAY_ID, rid.encode())])
-                   for (key, value, headers), rid in zip(self._records(messages), replay_ids,
-                                                         strict=True)]
+        records = [with_replay_id(record, rid)
+                   for record, rid in zip(self._records(messages), replay_ids, strict=True)]
         self._deliver_all(messages, records, None)
 
     def _deliver_all(self, messages: list[ServiceBusMessage],
@@ -237,7 +238,7 @@ class ServiceBusSender:
                     raise InvalidOperationError(
                         f"queue {self.entity_name!r} requires sessions: set session_id on "
                         f"message {m.message_id or ''} (ServiceBusMessage(..., session_id=...))")
-        records = [_wire.encode(m) for m in messages]
+        records = [message_records.encode(m) for m in messages]
         total = 0
         for m, (key, value, headers) in zip(messages, records, strict=True):
             size = len(key or b"") + len(value) + sum(len(k) + len(v) for k, v in headers)
@@ -301,7 +302,7 @@ class ServiceBusSender:
         by_partition: dict[int, list[tuple[int, int, int]]] = {}
         for m, (partition, offset), stamp in zip(messages, placed, stamps, strict=True):
             due = m.scheduled_enqueue_time_utc
-            due_ms = _wire.epoch_ms(due) if due is not None and _wire.as_utc(due) > now else 0
+            due_ms = epoch_ms(due) if due is not None and as_utc(due) > now else 0
             ttl = m.time_to_live
             expires_ms = stamp + int(ttl.total_seconds() * 1000) if ttl else 0
             if due_ms or expires_ms:

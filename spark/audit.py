@@ -42,10 +42,11 @@ from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark.records import GAUGES, parse_states, read_entity_logs, read_events
+from spark.records import parse_states, read_entity_logs, read_events
 from spark.source import read_kafka
 from topics import names
 from topics.connection import ConnectionSettings, parse_connection_string
+from topics.events import GAUGES
 
 #: events that settle a message for good
 TERMINAL = frozenset({"completed", "received_and_deleted", "expired", "cancelled",

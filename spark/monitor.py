@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -51,10 +52,12 @@ from pyspark.sql.streaming import StreamingQuery
 
 from spark.cli import add_monitor_arguments
 from spark.metrics_store import write_batch
-from spark.records import EVENT_SCHEMA, GAUGES, PAIRING_SCHEMA, STATE_SCHEMA
+from spark.records import EVENT_SCHEMA, PAIRING_SCHEMA, STATE_SCHEMA
+from spark.session import spark_session
 from spark.source import read_kafka_stream
 from topics import names
 from topics.connection import ConnectionSettings, parse_connection_string
+from topics.events import GAUGES
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +174,6 @@ def start_monitor(spark: SparkSession, connection_string: str, sink: str | Path,
 
 def run(connection_string: str, args: argparse.Namespace) -> int:
     """Run the monitor until interrupted (or, with ``--available-now``, done)."""
-    from spark.session import spark_session
-
     spark = spark_session("settlement-monitor")
     query = start_monitor(spark, connection_string, args.sink, checkpoint=args.checkpoint,
                           trigger_seconds=args.trigger, window=args.window,
@@ -189,8 +190,6 @@ def run(connection_string: str, args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``spark-submit spark/monitor.py --connection-string ... --sink DIR``"""
-    import os
-
     parser = argparse.ArgumentParser(
         prog="monitor", description="Windowed settlement metrics from the engine's topics "
                                     "to Parquet.")

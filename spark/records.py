@@ -1,5 +1,5 @@
 """The engine's records as Spark columns: settlement events (``NS.__events``)
-and window states (``NS.__state``), both JSON (see ``streams/command_agent.py``).
+and window states (``NS.__state``), both JSON, declared in :mod:`topics.events`.
 
 Used by the monitor (streaming) and by the audit and replay jobs (batch).
 Records that are not JSON of the expected shape parse to nulls and are
@@ -10,29 +10,39 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from spark.source import read_kafka
-from topics import names
+from topics import events, names
 from topics.connection import ConnectionSettings
+from topics.entities import SubscriptionProperties, load_definition
 
-EVENT_SCHEMA = (
-    "type string, entity string, partition int, offsets array<long>, count long, ts long, "
-    "cmd string, reason string, description string, sub string, first long, `to` string, "
-    "until long, "
-    "held array<long>, deliveries array<long>, enqueued array<long>")
-GAUGES = ["active", "locked", "deferred", "scheduled", "dead_letter", "transfer_dead_letter"]
+_SPARK_TYPES: dict[events.FieldType, DataType] = {
+    events.FieldType.TEXT: StringType(), events.FieldType.INT: IntegerType(),
+    events.FieldType.LONG: LongType(), events.FieldType.LONGS: ArrayType(LongType())}
+
+
+def spark_schema(fields: tuple[events.Field, ...]) -> StructType:
+    """The Spark schema of a record that :mod:`topics.events` declares."""
+    return StructType([StructField(f.name, _SPARK_TYPES[f.type]) for f in fields])
+
+
+EVENT_SCHEMA = spark_schema(events.EVENT_FIELDS)
 #: a window's summary; a session's summary also has ``session`` (and
 #: ``locked_until``, ``state_size``), with ``active`` its active messages
-STATE_SCHEMA = ("entity string, partition int, start long, next long, hw long, ts long, "
-                "session string, locked_until long, state_size long, "
-                + ", ".join(f"{g} long" for g in GAUGES))
-
-#: a paired client's status record on ``NS.__pairing`` (see settlement.pairing.StatusTopic)
-PAIRING_SCHEMA = ("primary string, entity string, kind string, client string, event string, "
-                  "mode string, failovers long, sent_to_backlog long, ts long")
+STATE_SCHEMA = spark_schema(events.STATE_FIELDS)
+PAIRING_SCHEMA = spark_schema(events.PAIRING_FIELDS)
 
 
-def _json(frame: DataFrame, schema: str) -> Column:
+def _json(frame: DataFrame, schema: StructType) -> Column:
     return F.from_json(frame["value"].cast("string"), schema)
 
 
@@ -80,7 +90,7 @@ def read_entity_logs(spark: SparkSession, settings: ConnectionSettings,
     owners = spark.createDataFrame([(topic, entity) for entity, topic in logs.items()],
                                    "topic string, entity string")
     rows = raw.join(F.broadcast(owners), "topic")
-    begins = _subscription_begins(settings, entities)
+    begins = _subscription_begins(spark, settings, entities)
     if not begins:
         return rows
     begin = spark.createDataFrame(begins, "entity string, partition int, begin long")
@@ -89,16 +99,26 @@ def read_entity_logs(spark: SparkSession, settings: ConnectionSettings,
             .drop("begin"))
 
 
-def _subscription_begins(settings: ConnectionSettings, entities: list[str]
-                         ) -> list[tuple[str, int, int]]:
-    """``(subscription, partition, first offset)`` of the subscriptions among ``entities``."""
-    from settlement._entities import EntityRegistry
-    from settlement._topic_properties import SubscriptionProperties
-
-    wanted = {e for e in entities if names.SUBSCRIPTIONS in e}
+def _subscription_begins(spark: SparkSession, settings: ConnectionSettings,
+                         entities: list[str]) -> list[tuple[str, int, int]]:
+    """``(subscription, partition, first offset)`` of the subscriptions among
+    ``entities``, from their definitions' latest records on the entities topic."""
+    wanted = sorted(e for e in entities if names.SUBSCRIPTIONS in e)
     if not wanted:
         return []
-    found = EntityRegistry(settings).load_all()
-    return [(path, partition, offset) for path in sorted(wanted)
+    raw = read_kafka(spark, settings.bootstrap_servers, [names.entities(settings.namespace)],
+                     security=settings.security)
+    latest = (raw.select(F.col("key").cast("string").alias("path"), "value", "offset")
+              .where(F.col("path").isin(wanted))
+              .groupBy("path").agg(F.max_by("value", "offset").alias("value"))
+              .where(F.col("value").isNotNull())  # a tombstone: deleted
+              .collect())
+    found = {}
+    for row in latest:
+        try:
+            found[row.path] = load_definition(bytes(row.value))
+        except (ValueError, KeyError, TypeError):
+            continue  # unreadable, as the client's registry skips it
+    return [(path, partition, offset) for path in wanted
             if isinstance(sub := found.get(path), SubscriptionProperties)
             for partition, offset in enumerate(sub.begin_offsets)]

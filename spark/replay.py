@@ -19,13 +19,15 @@ from collections.abc import Callable, Iterator
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from settlement import _wire
+from settlement import message_records
 from settlement.client import ServiceBusClient
 from settlement.dead_letters import REPLAYED_FROM, copy_message, replay_dead_letters, replay_id
 from settlement.message import ServiceBusReceivedMessage
 from spark.audit import fold_messages
 from spark.records import read_entity_logs, read_events
 from topics.connection import parse_connection_string
+from topics.message_record import APPLICATION_PROPERTIES
+from topics.times import as_utc, epoch_ms
 
 Progress = Callable[[int], None]
 _CHUNK = 500
@@ -34,7 +36,7 @@ _CHUNK = 500
 def replayed_ids(spark: SparkSession, connection_string: str, target: str) -> frozenset[str]:
     """The ``replayed_from`` values of the copies ``target`` already holds."""
     logs = read_entity_logs(spark, parse_connection_string(connection_string), [target])
-    props = F.expr("cast(filter(headers, h -> h.key = 'application-properties')[0].value "
+    props = F.expr(f"cast(filter(headers, h -> h.key = '{APPLICATION_PROPERTIES}')[0].value "
                    "as string)")
     found = (logs.select(F.get_json_object(props, f"$.{REPLAYED_FROM}").alias("id"))
              .where(F.col("id").isNotNull()).distinct().collect())
@@ -114,7 +116,7 @@ def _between(column: str, since: dt.datetime | None, until: dt.datetime | None) 
 
 
 def _to_ms(moment: dt.datetime) -> dt.datetime:
-    moment = _wire.as_utc(moment)
+    moment = as_utc(moment)
     return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
@@ -122,6 +124,6 @@ def _messages(records: DataFrame) -> Iterator[ServiceBusReceivedMessage]:
     for row in records.toLocalIterator():
         headers = [(h.key, bytes(h.value) if h.value is not None else None)
                    for h in row.headers or []]
-        yield _wire.decode(bytes(row.value) if row.value is not None else None, headers,
-                           _wire.epoch_ms(row.timestamp), row.partition, row.offset,
-                           lenient=True)
+        yield message_records.decode(bytes(row.value) if row.value is not None else None,
+                                     headers, epoch_ms(row.timestamp), row.partition, row.offset,
+                                     lenient=True)

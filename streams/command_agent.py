@@ -17,7 +17,6 @@ carry the same command id, which readers drop as repeats.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -26,7 +25,6 @@ from typing import Any
 
 from faust.types import TP, EventT, StreamT
 
-from settlement._namespace import NAMESPACE_KEY
 from streams import sessions
 from streams.app import (
     app,
@@ -55,7 +53,9 @@ from topics.commands import (
     decode_command,
     encode_reply,
 )
+from topics.entities import NAMESPACE_KEY
 from topics.errors import ErrorCode
+from topics.events import encode_record, event_record, is_event, record_key, state_record
 
 log = logging.getLogger(__name__)
 #: The largest header record (with its redo and outbox) the engine writes:
@@ -256,12 +256,10 @@ def _event_records(window: InflightWindow, events: list[Event], command_id: str
     Each event names the command that caused it, so readers can drop the
     repeats a recovery publishes again, by (cmd, type, entity, partition)."""
     now = int(time.time() * 1000)
-    records: list[dict[str, Any]] = [
-        {"type": ev.type, "entity": window.entity, "partition": window.partition,
-         "offsets": ev.offsets, "count": ev.count, "ts": now, "cmd": command_id, **ev.extra}
-        for ev in events]
-    return [*records, {**window.summary(), "ts": now},
-            *({**summary, "ts": now} for summary in sessions.summaries(window, now))]
+    records = [event_record(ev.type, window.entity, window.partition, ev.offsets, ev.count,
+                            now, command_id, ev.extra) for ev in events]
+    return [*records, state_record(window.summary(), now),
+            *(state_record(summary, now) for summary in sessions.summaries(window, now))]
 
 
 def _start_follow_up(store: TableStore, writes: dict[bytes, bytes | None],
@@ -292,14 +290,11 @@ async def _settle_previous() -> None:
 def _publish(outbox: list[dict[str, Any]]) -> list[asyncio.Future]:
     sent = []
     for record in outbox:
-        topic = events_topic if "type" in record else state_topic
-        key = f"{record['entity']}#{record['partition']}"
-        if "session" in record:  # a session's summary, keyed by its session
-            key += f"#{record['session']}"
-        sent.append(asyncio.ensure_future(
-            topic.send(key=key.encode(), value=json.dumps(record).encode())))
+        topic = events_topic if is_event(record) else state_topic
+        key = record_key(record)
+        sent.append(asyncio.ensure_future(topic.send(key=key, value=encode_record(record))))
         if record.get("gone"):  # compaction forgets the session
-            sent.append(asyncio.ensure_future(topic.send(key=key.encode(), value=None)))
+            sent.append(asyncio.ensure_future(topic.send(key=key, value=None)))
     return sent
 
 

@@ -22,18 +22,19 @@ import uuid
 
 from confluent_kafka import Consumer, TopicPartition
 
-from settlement._namespace import NAMESPACE_KEY, NamespaceProperties
-from settlement._properties import QueueProperties
-from settlement._rules import RuleProperties
-from settlement._topic_properties import (
+from topics import names
+from topics.commands import Policy
+from topics.connection import ConnectionSettings
+from topics.entities import (
+    NAMESPACE_KEY,
     Definition,
+    NamespaceProperties,
+    QueueProperties,
+    RuleProperties,
     SubscriptionProperties,
     TopicProperties,
     load_definition,
 )
-from topics import names
-from topics.commands import Policy
-from topics.connection import ConnectionSettings
 from topics.offsets import take
 from topics.rule_set import RuleSet
 

@@ -12,7 +12,6 @@ twice, so a target that must not see duplicates turns duplicate detection on.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 
@@ -22,9 +21,9 @@ from confluent_kafka.admin import AdminClient
 from streams.acceptance import FORWARDED, MAX_HOPS, TARGET_MISSING, TOO_MANY_HOPS, Item
 from topics import names
 from topics.connection import ConnectionSettings
+from topics.message_record import forwarded_headers, hop_count
 from topics.offsets import take
 
-HOPS_HEADER = "transfer-hop-count"
 _TARGETS_TTL = 5.0
 
 
@@ -50,7 +49,7 @@ class Forwarder:
             return [Item(r.offset(), mark=TARGET_MISSING) for r in records]
         items = []
         for record in records:
-            hops = _hops(record)
+            hops = hop_count(record.headers())
             if hops >= MAX_HOPS:
                 items.append(Item(record.offset(), mark=TOO_MANY_HOPS))
                 continue
@@ -71,7 +70,7 @@ class Forwarder:
         copied = []
         for record in self._read(log_topic, partition, offsets):
             reason, description = dead_letters[record.offset()]
-            self._copy(record, topic, _hops(record) + 1, extra_properties={
+            self._copy(record, topic, hop_count(record.headers()) + 1, extra_properties={
                 "DeadLetterReason": reason, "DeadLetterErrorDescription": description})
             copied.append(record.offset())
         self._flush(topic)
@@ -79,10 +78,7 @@ class Forwarder:
 
     def _copy(self, record: Message, topic: str, hops: int,
               extra_properties: dict[str, str | None] | None = None) -> None:
-        headers = [(k, v) for k, v in record.headers() or [] if k != HOPS_HEADER]
-        if extra_properties:
-            headers = _with_properties(headers, extra_properties)
-        headers.append((HOPS_HEADER, str(hops).encode()))
+        headers = forwarded_headers(record.headers(), hops, extra_properties)
         self._producer.produce(topic, record.value(), key=record.key(), headers=headers)
         self._producer.poll(0)
 
@@ -123,26 +119,3 @@ class Forwarder:
         if self._reader is not None:
             self._reader.close()
 
-
-def _hops(record: Message) -> int:
-    for name, value in record.headers() or []:
-        if name == HOPS_HEADER and value and value.isdigit():
-            return int(value)
-    return 0
-
-
-def _with_properties(headers: list[tuple[str, bytes | None]],
-                     extra: dict[str, str | None]) -> list[tuple[str, bytes | None]]:
-    props: dict[str, object] = {}
-    rest = []
-    for name, value in headers:
-        if name == "application-properties":
-            try:
-                loaded = json.loads(value or b"{}")
-                props = loaded if isinstance(loaded, dict) else {}
-            except ValueError:
-                props = {}
-        else:
-            rest.append((name, value))
-    props.update({k: v for k, v in extra.items() if v is not None})
-    return [*rest, ("application-properties", json.dumps(props).encode())]

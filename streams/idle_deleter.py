@@ -39,14 +39,14 @@ import uuid
 from confluent_kafka import Consumer, KafkaException
 from faust.types import TP
 
-from settlement._properties import DEFAULT_TTL, QueueProperties
-from settlement._topic_properties import Definition, SubscriptionProperties, TopicProperties
 from settlement.exceptions import MessagingEntityNotFoundError
 from settlement.management import ServiceBusAdministrationClient
 from streams.app import app, commands_topic, settings
 from streams.command_agent import definitions, on_client_command
 from topics import names, specs
 from topics.commands import Command, command_partition
+from topics.entities import Definition, QueueProperties, SubscriptionProperties, TopicProperties
+from topics.entities.queue import DEFAULT_TTL
 from topics.offsets import log_end_offsets
 
 log = logging.getLogger(__name__)

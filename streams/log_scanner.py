@@ -26,7 +26,6 @@ from dataclasses import replace
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
-from settlement import _wire
 from streams.acceptance import (
     BAD_SESSION,
     DUPLICATE,
@@ -43,6 +42,7 @@ from streams.window import InflightWindow
 from topics import names
 from topics.commands import Command, DeadForwardedArgs, session_partition, valid_session_id
 from topics.connection import ConnectionSettings
+from topics.message_record import MalformedRecord, filter_properties, scanned_headers
 from topics.offsets import take
 from topics.rule_set import RuleSet
 from topics.rules import MessageView
@@ -174,16 +174,16 @@ class LogScanner:
 
     def _item(self, key: str, window: InflightWindow, record: Message, now: int
               ) -> Item | None:
-        headers = _headers(record)
+        headers = scanned_headers(record.headers())
         enqueued = record.timestamp()[1]
         offset = record.offset()
-        message_id = headers.get("message-id")
+        message_id = headers.message_id
         if window.duplicate_window_ms and message_id is not None:
             if self._remember(key, message_id, offset, enqueued, window.duplicate_window_ms):
                 return Item(offset, mark=DUPLICATE)
-        ttls = [t for t in (_int(headers.get("time-to-live-ms")), window.default_ttl_ms) if t]
+        ttls = [t for t in (headers.time_to_live_ms, window.default_ttl_ms) if t]
         expires = enqueued + min(ttls) if ttls else 0
-        due = _int(headers.get("scheduled-enqueue-time-ms"))
+        due = headers.scheduled_enqueue_time_ms
         due = due if due > now else 0
         return Item(offset, expires, due) if expires or due else None
 
@@ -221,7 +221,7 @@ class LogScanner:
             if not records:
                 break
             for record in records:
-                message_id = _headers(record).get("message-id")
+                message_id = scanned_headers(record.headers()).message_id
                 if message_id is not None:
                     self._remember(key, message_id, record.offset(), record.timestamp()[1],
                                    window.duplicate_window_ms)
@@ -287,10 +287,9 @@ def _filtered(rules: RuleSet, record: Message, item: Item | None,
     out, dead-lettered for a failed filter, or as it was (matched)."""
     offset = record.offset()
     try:
-        system, user = _wire.filter_properties(record.value(), record.headers(),
-                                               record.timestamp()[1], record.partition(),
-                                               offset)
-    except _wire.MalformedRecord:
+        system, user = filter_properties(record.value(), record.headers(),
+                                         record.timestamp()[1], record.partition(), offset)
+    except MalformedRecord:
         return item  # handed out, and the receiver dead-letters it
     verdict = rules.evaluate(MessageView(system, user))
     error = "; ".join(f"rule {name!r}: {why}" for name, why in verdict.failures)[:_MAX_ERROR]
@@ -307,7 +306,7 @@ def _in_session(record: Message, item: Item, partitions: int) -> Item:
     """The item with the record's session; a record no session can take is
     marked for the dead letters (a session lives in one partition: the one
     Kafka's murmur2 partitioner gives its id, as senders key by it)."""
-    session = _headers(record).get("session-id")
+    session = scanned_headers(record.headers()).session_id
     if session is None:
         return replace(item, mark=NO_SESSION)
     if not valid_session_id(session):
@@ -320,21 +319,3 @@ def _in_session(record: Message, item: Item, partitions: int) -> Item:
             f"{record.partition()}: key session messages by their session id with Kafka's "
             "murmur2 partitioner (confluent-kafka: partitioner=murmur2_random)"))
     return replace(item, session=session)
-
-
-def _headers(record: Message) -> dict[str, str]:
-    out = {}
-    for name, value in record.headers() or []:
-        if name in ("message-id", "time-to-live-ms", "scheduled-enqueue-time-ms", "session-id"):
-            try:
-                out[name] = (value or b"").decode("utf-8")
-            except UnicodeDecodeError:
-                continue  # the receiver dead-letters malformed records
-    return out
-
-
-def _int(text: str | None) -> int:
-    return int(text) if text is not None and text.isdigit() else 0
-
-
-

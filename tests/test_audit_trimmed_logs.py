@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from spark.audit import _judge
-from spark.records import GAUGES
+from topics.events import GAUGES
 
 
 def _messages(rows: list[tuple[int, str, bool]]) -> pd.DataFrame:

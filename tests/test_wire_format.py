@@ -16,9 +16,10 @@ from settlement import (
     ServiceBusReceivedMessage,
     ServiceBusSubQueue,
 )
-from settlement._wire import HEADER_SIZE_EXCEEDED, MalformedRecord, decode, encode
 from settlement.exceptions import MessageSizeExceededError
+from settlement.message_records import decode, encode
 from topics import names
+from topics.message_record import HEADER_SIZE_EXCEEDED, MalformedRecord
 
 
 def test_a_plain_kafka_producer_following_the_document_is_received_like_a_sender(

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
+
 from topics import broker_profile
 from topics.names import validate_namespace
 
@@ -89,7 +91,8 @@ class ConnectionSettings:
         None for a plaintext connection."""
         if "sasl.username" not in self.security:
             return None
-        import faust  # the engine's dependency: clients never get here
+        # deferred: Faust is the engine's, slow to import, and clients never get here
+        import faust
 
         return faust.SASLCredentials(
             username=self.security["sasl.username"], password=self.security["sasl.password"],
@@ -191,8 +194,6 @@ def settings_from_credential(fully_qualified_namespace: str, credential: Any
     whose ``token_type`` is :data:`SAS_TOKEN_TYPE`; its token is taken once,
     so it must outlive the client. Azure AD credentials (other ``get_token``
     credentials) have nothing to sign in to here."""
-    from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
-
     servers, namespace = parse_fully_qualified_namespace(fully_qualified_namespace)
     if isinstance(credential, AzureNamedKeyCredential):
         user, password = credential.named_key

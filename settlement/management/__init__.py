@@ -1,24 +1,25 @@
 """Administration of queues, topics, subscriptions and rules, as
 ``azure.servicebus.management``."""
 
-from settlement._namespace import NamespaceProperties
-from settlement._properties import QueueProperties, QueueRuntimeProperties
-from settlement._rules import (
+from settlement._session_listing import SessionRuntimeProperties
+from settlement.management._admin import ServiceBusAdministrationClient
+from settlement.management._runtime import (
+    QueueRuntimeProperties,
+    SubscriptionRuntimeProperties,
+    TopicRuntimeProperties,
+)
+from topics.entities import (
     CorrelationRuleFilter,
     FalseRuleFilter,
+    NamespaceProperties,
+    QueueProperties,
     RuleProperties,
     SqlRuleAction,
     SqlRuleFilter,
+    SubscriptionProperties,
+    TopicProperties,
     TrueRuleFilter,
 )
-from settlement._session_listing import SessionRuntimeProperties
-from settlement._topic_properties import (
-    SubscriptionProperties,
-    SubscriptionRuntimeProperties,
-    TopicProperties,
-    TopicRuntimeProperties,
-)
-from settlement.management._admin import ServiceBusAdministrationClient
 
 __all__ = [
     "ServiceBusAdministrationClient", "QueueProperties", "QueueRuntimeProperties",

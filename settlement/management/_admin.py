@@ -11,16 +11,10 @@ from confluent_kafka.admin import AdminClient
 
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
-from settlement._namespace import NAMESPACE_KEY, NamespaceProperties
-from settlement._properties import (
-    QueueProperties,
-    QueueRuntimeProperties,
-)
 from settlement._retry import RetryPolicy
 from settlement._session_listing import SessionRuntimeProperties, list_sessions
 from settlement._settled_stats import add_counts, log_ends, settled_stats
 from settlement._sign_in import check_sign_in
-from settlement._topic_properties import SubscriptionProperties, SubscriptionRuntimeProperties
 from settlement.exceptions import (
     MessagingEntityAlreadyExistsError,
     OperationTimeoutError,
@@ -29,6 +23,7 @@ from settlement.exceptions import (
     for_code,
 )
 from settlement.management._queue_size import queue_size_in_bytes
+from settlement.management._runtime import QueueRuntimeProperties, SubscriptionRuntimeProperties
 from settlement.management._topics import TopicAdministration, name_of, updated
 from settlement.management._validation import (
     overridden,
@@ -44,6 +39,12 @@ from topics.connection import (
     ConnectionSettings,
     parse_connection_string,
     settings_from_credential,
+)
+from topics.entities import (
+    NAMESPACE_KEY,
+    NamespaceProperties,
+    QueueProperties,
+    SubscriptionProperties,
 )
 
 log = logging.getLogger(__name__)

@@ -14,12 +14,12 @@ from confluent_kafka import Message
 
 from settlement._engine_link import EngineLink
 from settlement._log_reader import PartitionReader
-from settlement._properties import QueueProperties, QueueRuntimeProperties
 from settlement._settled_stats import add_counts, log_ends, settled_stats
-from settlement._topic_properties import SubscriptionProperties
+from settlement.management._runtime import QueueRuntimeProperties
 from topics import names
 from topics.commands import MAX_ACQUIRE, PeekArgs
 from topics.connection import ConnectionSettings
+from topics.entities import QueueProperties, SubscriptionProperties
 
 SAMPLE = 20_000
 _SUB_QUEUES = ("active", "deadletter", "transferdeadletter")

@@ -18,15 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer
 
-from settlement._rules import RuleFilter, RuleProperties, SqlRuleAction, TrueRuleFilter
 from settlement._session_listing import SessionRuntimeProperties, list_sessions
-from settlement._topic_properties import (
-    SubscriptionProperties,
-    SubscriptionRuntimeProperties,
-    TopicProperties,
-    TopicRuntimeProperties,
-)
 from settlement.exceptions import MessagingEntityAlreadyExistsError
+from settlement.management._runtime import SubscriptionRuntimeProperties, TopicRuntimeProperties
 from settlement.management._validation import (
     as_timedeltas,
     overridden,
@@ -36,6 +30,14 @@ from settlement.management._validation import (
     validated_log,
 )
 from topics import names, specs
+from topics.entities import (
+    RuleFilter,
+    RuleProperties,
+    SqlRuleAction,
+    SubscriptionProperties,
+    TopicProperties,
+    TrueRuleFilter,
+)
 from topics.offsets import log_end_offsets
 from topics.rule_set import DEFAULT_RULE, RuleSet
 

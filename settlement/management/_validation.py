@@ -9,13 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from settlement._keywords import refuse
-from settlement._properties import (
-    DEFAULT_TTL,
-    MAX_LOCK,
-    MIN_AUTO_DELETE_ON_IDLE,
-    PARTITIONED_COUNT,
-)
 from topics import names
+from topics.entities.queue import DEFAULT_TTL, MAX_LOCK, MIN_AUTO_DELETE_ON_IDLE, PARTITIONED_COUNT
 
 _DUPLICATE_WINDOW = (dt.timedelta(seconds=20), dt.timedelta(days=7))
 #: the SDK's duration arguments, which also take seconds here

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
-from settlement._properties import definition_json
+from topics.entities.json_form import definition_json
 
 #: the key of the namespace's record on the entities topic
 NAMESPACE_KEY = "$namespace"

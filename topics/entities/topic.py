@@ -13,18 +13,11 @@ import datetime as dt
 import json
 from dataclasses import dataclass, field
 
-from settlement._namespace import NamespaceProperties
-from settlement._properties import (
-    DEFAULT_DUPLICATE_WINDOW,
-    DEFAULT_LOCK,
-    DEFAULT_TTL,
-    QueueProperties,
-    definition_json,
-    from_definition,
-)
-from settlement._rules import RuleProperties
 from topics import names
 from topics.commands import Policy
+from topics.entities.json_form import definition_json, from_definition
+from topics.entities.queue import DEFAULT_DUPLICATE_WINDOW, DEFAULT_LOCK, DEFAULT_TTL
+from topics.entities.rule import RuleProperties
 
 
 def _now() -> dt.datetime:
@@ -121,62 +114,3 @@ class SubscriptionProperties:
             rules=tuple(r.spec() for r in rules), begin=tuple(self.begin_offsets),
             dead_letter_filter_errors=self.dead_lettering_on_filter_evaluation_exceptions,
             requires_session=self.requires_session, partitions=self.partition_count)
-
-
-@dataclass
-class TopicRuntimeProperties:
-    """Counts of a topic."""
-
-    name: str
-    subscription_count: int = 0
-    scheduled_message_count: int = 0
-    created_at_utc: dt.datetime | None = None
-    updated_at_utc: dt.datetime | None = None
-    accessed_at_utc: dt.datetime | None = None
-
-
-@dataclass
-class SubscriptionRuntimeProperties:
-    """Counts of a subscription, from the engine's windows."""
-
-    name: str
-    active_message_count: int = 0
-    dead_letter_message_count: int = 0
-    transfer_dead_letter_message_count: int = 0
-    transfer_message_count: int = 0
-    deferred_message_count: int = 0
-    scheduled_message_count: int = 0
-    locked_message_count: int = 0
-    created_at_utc: dt.datetime | None = None
-    updated_at_utc: dt.datetime | None = None
-    accessed_at_utc: dt.datetime | None = None
-
-    @property
-    def total_message_count(self) -> int:
-        return (self.active_message_count + self.dead_letter_message_count
-                + self.transfer_dead_letter_message_count + self.deferred_message_count
-                + self.scheduled_message_count)
-
-
-Definition = (QueueProperties | TopicProperties | SubscriptionProperties | RuleProperties
-              | NamespaceProperties)
-
-
-def load_definition(raw: bytes) -> Definition:
-    """Any definition of the entities topic, by its ``kind`` (queues written
-    before topics existed carry none); the namespace's own record too."""
-    body = json.loads(raw)
-    if not isinstance(body, dict):
-        raise ValueError("a definition must be a JSON object")
-    kind = body.get("kind", "queue")
-    if kind == "topic":
-        return from_definition(TopicProperties, body)
-    if kind == "subscription":
-        return from_definition(SubscriptionProperties, body)
-    if kind == "rule":
-        return RuleProperties.from_body(body)
-    if kind == "queue":
-        return from_definition(QueueProperties, body)
-    if kind == "namespace":
-        return from_definition(NamespaceProperties, body)
-    raise ValueError(f"unknown definition kind {kind!r}")

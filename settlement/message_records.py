@@ -1,0 +1,78 @@
+"""The SDK's messages as message records and back: a ServiceBusMessage to
+send becomes a :class:`topics.message_record.MessageRecord`, a record read
+becomes a ServiceBusReceivedMessage. The record format itself (headers,
+limits, what is malformed) is :mod:`topics.message_record`'s.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from settlement.exceptions import MessageSizeExceededError
+from settlement.message import (
+    ServiceBusMessage,
+    ServiceBusMessageState,
+    ServiceBusReceivedMessage,
+)
+from topics import message_record
+from topics.message_record import Encoded, Headers, MessageRecord
+from topics.sequence_numbers import sequence_number
+from topics.times import epoch_ms, utc_from_ms
+
+
+def _ms(value: dt.datetime | dt.timedelta) -> int:
+    if isinstance(value, dt.timedelta):
+        return int(value.total_seconds() * 1000)
+    return epoch_ms(value)
+
+
+def to_record(message: ServiceBusMessage) -> MessageRecord:
+    ttl, due = message.time_to_live, message.scheduled_enqueue_time_utc
+    return MessageRecord(
+        message._body, message_id=message.message_id, correlation_id=message.correlation_id,
+        content_type=message.content_type, subject=message.subject, reply_to=message.reply_to,
+        reply_to_session_id=message.reply_to_session_id, to=message.to,
+        session_id=message.session_id, partition_key=message.partition_key,
+        time_to_live_ms=None if ttl is None else _ms(ttl),
+        scheduled_enqueue_time_ms=None if due is None else _ms(due),
+        application_properties=message.application_properties)
+
+
+def encode(message: ServiceBusMessage) -> Encoded:
+    """``(key, value, headers)`` of the record that carries ``message``."""
+    try:
+        return message_record.encode(to_record(message))
+    except message_record.RecordTooLarge as exc:
+        raise MessageSizeExceededError(str(exc)) from None
+
+
+def record_size(message: ServiceBusMessage) -> int:
+    key, value, headers = encode(message)
+    return len(key or b"") + len(value) + sum(len(k) + len(v) for k, v in headers)
+
+
+def decode(value: bytes | None, headers: Headers, timestamp_ms: int | None,
+           partition: int, offset: int, *, lenient: bool = False, **delivery: Any
+           ) -> ServiceBusReceivedMessage:
+    """The received message a record carries; raise MalformedRecord for a
+    record that breaks the format, unless ``lenient`` (then the body is kept
+    and the unreadable headers are left out, for the dead-letter sub-queue)."""
+    record, malformed = message_record.decode(value, headers, lenient=lenient)
+    return ServiceBusReceivedMessage(
+        record.body, message_id=record.message_id, correlation_id=record.correlation_id,
+        content_type=record.content_type, subject=record.subject, reply_to=record.reply_to,
+        reply_to_session_id=record.reply_to_session_id, to=record.to,
+        session_id=record.session_id, partition_key=record.partition_key,
+        time_to_live=None if record.time_to_live_ms is None
+        else dt.timedelta(milliseconds=record.time_to_live_ms),
+        scheduled_enqueue_time_utc=utc_from_ms(record.scheduled_enqueue_time_ms),
+        application_properties=record.application_properties, malformed_reason=malformed,
+        sequence_number=sequence_number(partition, offset),
+        enqueued_time_utc=utc_from_ms(timestamp_ms), **delivery)
+
+
+STATES = {"active": ServiceBusMessageState.ACTIVE, "deadletter": ServiceBusMessageState.ACTIVE,
+          "deferred": ServiceBusMessageState.DEFERRED,
+          "scheduled": ServiceBusMessageState.SCHEDULED,
+          "transferdeadletter": ServiceBusMessageState.ACTIVE}
