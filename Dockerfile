@@ -26,7 +26,7 @@ WORKDIR /app
 COPY . /app
 RUN pip install . \
     && python -c "from spark.session import kafka_connector_jars; assert kafka_connector_jars()" \
-    && python -c "from settlement.apache_kafka import sas_auth_jars; sas_auth_jars()" \
+    && python -c "from settlement.testing.apache_kafka import sas_auth_jars; sas_auth_jars()" \
     && useradd --create-home --uid 1000 settlement \
     && mkdir -p /data /monitor \
     && chown settlement:settlement /data /monitor

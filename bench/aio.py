@@ -52,9 +52,9 @@ from bench.run import (
     wait_for_engine,
 )
 from settlement import ServiceBusClient, aio
-from settlement.apache_kafka import KAFKA_VERSION, KafkaCluster
-from settlement.embedded import EmbeddedBroker
 from settlement.management import ServiceBusAdministrationClient
+from settlement.testing.apache_kafka import KAFKA_VERSION, KafkaCluster
+from settlement.testing.embedded import EmbeddedBroker
 from streams.process import EngineProcess
 from topics.connection import parse_connection_string
 

@@ -70,10 +70,10 @@ from settlement import (
     ServiceBusClient,
     ServiceBusMessage,
 )
-from settlement.apache_kafka import KAFKA_VERSION, KafkaCluster
-from settlement.embedded import EmbeddedBroker
 from settlement.management import ServiceBusAdministrationClient
 from settlement.pairing import backlog_queue_names
+from settlement.testing.apache_kafka import KAFKA_VERSION, KafkaCluster
+from settlement.testing.embedded import EmbeddedBroker
 from streams.process import EngineProcess
 
 PRIMARY, SECONDARY = "benchprimary", "benchsecondary"

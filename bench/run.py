@@ -50,12 +50,12 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.measure import CpuMeter, Phase, Timed, percentile
 from settlement import ServiceBusClient, ServiceBusMessage
-from settlement.apache_kafka import KAFKA_VERSION, KafkaCluster
-from settlement.embedded import EmbeddedBroker
 from settlement.exceptions import OperationTimeoutError, ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
 from settlement.receiver import ServiceBusReceiveMode
 from settlement.sender import ServiceBusSender
+from settlement.testing.apache_kafka import KAFKA_VERSION, KafkaCluster
+from settlement.testing.embedded import EmbeddedBroker
 from streams.process import EngineProcess
 from topics.connection import parse_connection_string
 

@@ -33,9 +33,9 @@ from typing import Any
 
 from bench.run import RESULTS_DIR, machine_info, make_messages, send
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
-from settlement.apache_kafka import KafkaCluster
-from settlement.embedded import EmbeddedBroker
 from settlement.management import ServiceBusAdministrationClient
+from settlement.testing.apache_kafka import KafkaCluster
+from settlement.testing.embedded import EmbeddedBroker
 from streams.process import EngineProcess
 
 BATCH = 1000

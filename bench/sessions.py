@@ -85,10 +85,10 @@ from bench.run import (
 from bench.scale import engine_footprint
 from bench.topics import CHUNK, drain_in_threads, publish
 from settlement import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessage
-from settlement.apache_kafka import KAFKA_VERSION, KafkaCluster
-from settlement.embedded import EmbeddedBroker
 from settlement.exceptions import OperationTimeoutError
 from settlement.management import ServiceBusAdministrationClient
+from settlement.testing.apache_kafka import KAFKA_VERSION, KafkaCluster
+from settlement.testing.embedded import EmbeddedBroker
 from streams.process import EngineProcess
 
 NAMESPACE = "benchsessions"

@@ -61,11 +61,11 @@ from bench.run import (
     wait_for_engine,
 )
 from settlement import ServiceBusClient, ServiceBusMessage
-from settlement.apache_kafka import KAFKA_VERSION, KafkaCluster
-from settlement.embedded import EmbeddedBroker
 from settlement.management import ServiceBusAdministrationClient, SqlRuleFilter
 from settlement.receiver import ServiceBusReceiver
 from settlement.sender import ServiceBusSender
+from settlement.testing.apache_kafka import KAFKA_VERSION, KafkaCluster
+from settlement.testing.embedded import EmbeddedBroker
 from streams.process import EngineProcess
 from topics.rules import MessageView, compile_filter
 

@@ -18,22 +18,20 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from settlement import pairing as paired
-from settlement.dead_letters import copy_message
+from settlement import _backlog as backlog
 from settlement.exceptions import ServiceBusError
-from settlement.message import ServiceBusReceivedMessage
+from settlement.message import ServiceBusReceivedMessage, copy_message
+from settlement.receiver import ServiceBusReceiver
+from settlement.sender import ServiceBusSender
 from topics import names
+from topics.connection import ConnectionSettings
 from topics.message_record import replay_ids
 from topics.offsets import take
-
-if TYPE_CHECKING:
-    from settlement.client import ServiceBusClient
-    from settlement.receiver import ServiceBusReceiver
-    from settlement.sender import ServiceBusSender
 
 log = logging.getLogger(__name__)
 #: the primary must answer this long before messages move: requests it held
@@ -45,12 +43,30 @@ _BATCH = 200
 _SKEW_MS = 60_000
 
 
-class Syphon:
-    """A thread of a paired client with ``enable_syphon=True``."""
+class NamespaceClient(Protocol):
+    """What the pairing and the syphon need of a client (a
+    :class:`settlement.ServiceBusClient`): a protocol, as the client module
+    builds on them."""
 
-    def __init__(self, pairing: paired.Pairing, primary: ServiceBusClient,
-                 secondary: ServiceBusClient) -> None:
-        self._pairing = pairing
+    settings: ConnectionSettings
+
+    def get_queue_sender(self, queue_name: str) -> ServiceBusSender: ...
+
+    def get_topic_sender(self, topic_name: str) -> ServiceBusSender: ...
+
+    def get_queue_receiver(self, queue_name: str) -> ServiceBusReceiver: ...
+
+    def close(self) -> None: ...
+
+
+class Syphon:
+    """A thread of a paired client with ``enable_syphon=True``: it moves the
+    messages of the backlog ``queues`` to the primary while ``primary_answers()``."""
+
+    def __init__(self, queues: list[str], primary_answers: Callable[[], bool],
+                 primary: NamespaceClient, secondary: NamespaceClient) -> None:
+        self._queues = queues
+        self._primary_answers = primary_answers
         self._primary = primary
         self._secondary = secondary
         self._receivers: dict[str, ServiceBusReceiver] = {}
@@ -65,7 +81,7 @@ class Syphon:
     def _run(self) -> None:
         answering_since: float | None = None
         while not self._closed.is_set():
-            if not self._pairing.primary_answers():
+            if not self._primary_answers():
                 answering_since = None
                 self._closed.wait(1.0)
                 continue
@@ -89,7 +105,7 @@ class Syphon:
     def move_once(self) -> int:
         """One pass over every backlog queue; how many messages left the backlog."""
         done = 0
-        for queue in self._pairing.queues:
+        for queue in self._queues:
             if self._closed.is_set():
                 break
             receiver = self._receiver(queue)
@@ -99,7 +115,7 @@ class Syphon:
             by_destination: dict[str, list[ServiceBusReceivedMessage]] = defaultdict(list)
             for message in batch:
                 by_destination[str(message.application_properties.get(
-                    paired.DESTINATION, ""))].append(message)
+                    backlog.DESTINATION, ""))].append(message)
             for where, messages in by_destination.items():
                 self._move(where, messages)
             receiver.complete_messages(batch)
@@ -119,7 +135,7 @@ class Syphon:
             return
         copies = [copy_message(m) for m in fresh]
         for copy in copies:
-            for name in paired.BACKLOG_PROPERTIES:
+            for name in backlog.BACKLOG_PROPERTIES:
                 copy.application_properties.pop(name, None)
         sender = self._sender(kind, entity)
         sender.send_with_replay_ids(copies, [_replay_id(m) for m in fresh])
@@ -134,7 +150,7 @@ class Syphon:
         return self._receivers[queue]
 
     def _sender(self, kind: str, entity: str) -> ServiceBusSender:
-        key = paired.destination(kind, entity)
+        key = backlog.destination(kind, entity)
         if key not in self._senders:
             self._senders[key] = (self._primary.get_topic_sender if kind == "topic"
                                   else self._primary.get_queue_sender)(entity)
@@ -147,7 +163,7 @@ class Syphon:
 
 
 def _replay_id(message: ServiceBusReceivedMessage) -> str:
-    return str(message.application_properties.get(paired.REPLAY, ""))
+    return str(message.application_properties.get(backlog.REPLAY, ""))
 
 
 class LandedIds:
@@ -155,7 +171,7 @@ class LandedIds:
     arrivals could be; kept while the backlog has messages (what a failover
     left behind), forgotten once it is empty."""
 
-    def __init__(self, primary: ServiceBusClient) -> None:
+    def __init__(self, primary: NamespaceClient) -> None:
         self._settings = primary.settings
         #: log topic -> partition -> (first offset read, next offset to read)
         self._read: dict[str, dict[int, tuple[int, int]]] = {}
@@ -199,14 +215,14 @@ class LandedIds:
         since_ms: int | None = None
         for message in messages:
             props = message.application_properties
-            scan_from = json.loads(str(props.get(paired.SCAN_FROM) or "{}"))
+            scan_from = json.loads(str(props.get(backlog.SCAN_FROM) or "{}"))
             for partition in partitions:
                 if str(partition) in scan_from:
                     offset = int(scan_from[str(partition)])
                     starts[partition] = min(starts.get(partition, offset), offset)
                     continue
                 by_time.add(partition)
-                first_try = int(props.get(paired.FIRST_TRY_MS, 0))
+                first_try = int(props.get(backlog.FIRST_TRY_MS, 0))
                 since_ms = first_try if since_ms is None else min(since_ms, first_try)
         missing = sorted(by_time)
         if missing and since_ms is not None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
@@ -17,6 +18,8 @@ from settlement._session_listing import session_ids
 from settlement._settle_batcher import SettleBatcher
 from settlement._sign_in import check_sign_in
 from settlement._subscription_rules import SubscriptionRules
+from settlement.lock_renewer import AutoLockRenewer
+from settlement.pairing import Pairing, SendAvailabilityPairedNamespaceOptions
 from settlement.receiver import ServiceBusReceiveMode, ServiceBusReceiver, ServiceBusSubQueue
 from settlement.sender import ServiceBusSender
 from topics import names
@@ -27,10 +30,6 @@ from topics.connection import (
 )
 from topics.entities import QueueProperties, SubscriptionProperties
 from topics.names import parse_entity_path
-
-if TYPE_CHECKING:
-    from settlement.lock_renewer import AutoLockRenewer
-    from settlement.pairing import Pairing, SendAvailabilityPairedNamespaceOptions
 
 
 @dataclass
@@ -121,9 +120,8 @@ class ServiceBusClient:
         #: one quota guard per entity, so a new sender does not measure again
         self._quotas: dict[tuple[str, bool], QuotaGuard] = {}
         if paired_namespace is not None:
-            from settlement.pairing import Pairing  # only paired clients need it
-
-            self._pairing = Pairing(settings, paired_namespace, self.retry)
+            self._pairing = Pairing(settings, paired_namespace, functools.partial(
+                ServiceBusClient._from_settings, retry=retry))
 
     @property
     def fully_qualified_namespace(self) -> str:

@@ -18,7 +18,7 @@ import datetime as dt
 from collections.abc import Callable
 
 from settlement.client import ServiceBusClient
-from settlement.message import ServiceBusMessage, ServiceBusReceivedMessage
+from settlement.message import ServiceBusReceivedMessage, copy_message
 from settlement.receiver import ServiceBusSubQueue
 from topics import names
 from topics.times import as_utc
@@ -132,16 +132,3 @@ def _drain(client: ServiceBusClient, queue_name: str,
             if skipped:
                 dlq.abandon_messages(skipped)
     return done
-
-
-def copy_message(message: ServiceBusReceivedMessage,
-                 extra_properties: dict[str, str] | None = None) -> ServiceBusMessage:
-    """A new message with the body, id and properties of ``message``."""
-    properties = {**(message.application_properties or {}), **(extra_properties or {})}
-    return ServiceBusMessage(
-        b"".join(message.body), application_properties=properties or None,
-        session_id=message.session_id, message_id=message.message_id,
-        content_type=message.content_type, correlation_id=message.correlation_id,
-        subject=message.subject, partition_key=message.partition_key, to=message.to,
-        reply_to=message.reply_to, reply_to_session_id=message.reply_to_session_id,
-        time_to_live=message.time_to_live)

@@ -7,15 +7,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from settlement._keywords import refuse
 from settlement._session import ServiceBusSession
 from settlement.exceptions import AutoLockRenewFailed, AutoLockRenewTimeout, ServiceBusError
 from settlement.message import ServiceBusReceivedMessage
-
-if TYPE_CHECKING:
-    from settlement.receiver import ServiceBusReceiver
+from settlement.receiver import ServiceBusReceiver
 
 log = logging.getLogger(__name__)
 FailureCallback = Callable[[Any, Exception | None], Any]

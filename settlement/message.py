@@ -168,3 +168,16 @@ _SEND_FIELDS = frozenset({
     "time_to_live", "content_type", "correlation_id", "subject", "partition_key", "to",
     "reply_to", "reply_to_session_id",
 })
+
+
+def copy_message(message: ServiceBusMessage,
+                 extra_properties: dict[str, PropertyValue] | None = None) -> ServiceBusMessage:
+    """A new message with the body, id and properties of ``message``."""
+    properties = {**(message.application_properties or {}), **(extra_properties or {})}
+    return ServiceBusMessage(
+        b"".join(message.body), application_properties=properties or None,
+        session_id=message.session_id, message_id=message.message_id,
+        content_type=message.content_type, correlation_id=message.correlation_id,
+        subject=message.subject, partition_key=message.partition_key, to=message.to,
+        reply_to=message.reply_to, reply_to_session_id=message.reply_to_session_id,
+        time_to_live=message.time_to_live)

@@ -26,13 +26,14 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from settlement._retry import RetryPolicy
+from settlement._backlog import backlog_copy, destination
+from settlement._syphon import NamespaceClient, Syphon
 from settlement.exceptions import (
     MessagingEntityNotFoundError,
     OperationTimeoutError,
@@ -40,23 +41,14 @@ from settlement.exceptions import (
     ServiceBusError,
     ServiceBusServerBusyError,
 )
+from settlement.management import ServiceBusAdministrationClient
 from settlement.message import ServiceBusMessage
+from settlement.sender import Delivery, ServiceBusSender
 from topics import names, specs
 from topics.connection import ConnectionSettings, parse_connection_string
 from topics.message_record import with_replay_id
 
-if TYPE_CHECKING:
-    from settlement.sender import Delivery, ServiceBusSender
-
 log = logging.getLogger(__name__)
-#: application properties of a backlog copy: where it goes, its replay id,
-#: when its first attempt began (epoch ms) and, per partition of the
-#: destination, the offset after which a late arrival could be found
-DESTINATION = "x-paired-destination"
-REPLAY = "x-paired-replay-id"
-FIRST_TRY_MS = "x-paired-first-try-ms"
-SCAN_FROM = "x-paired-scan-from"
-BACKLOG_PROPERTIES = (DESTINATION, REPLAY, FIRST_TRY_MS, SCAN_FROM)
 #: how often an entity sending to the backlog probes the primary
 PROBE_INTERVAL_S = 1.0
 #: how often an entity sending to the backlog reports its progress (the
@@ -105,11 +97,6 @@ def backlog_queue_names(primary_namespace: str, count: int) -> list[str]:
     return [names.backlog_queue(primary_namespace, i) for i in range(count)]
 
 
-def destination(kind: str, entity: str) -> str:
-    """How a backlog copy names where it goes: ``queue:NAME`` or ``topic:NAME``."""
-    return f"{kind}:{entity}"
-
-
 @dataclass
 class Route:
     """Where one entity's sends go now, and what happened so far."""
@@ -150,10 +137,14 @@ def fails_over(error: ServiceBusError) -> bool:
 
 class Pairing:
     """One client's pairing: its backlog queues, the routes of its
-    entities, the probe of the primary and, if enabled, the syphon."""
+    entities, the probe of the primary and, if enabled, the syphon.
+    ``open_client`` makes the unpaired clients it needs (of the secondary,
+    and of the primary for the syphon): the client module passes it in, as
+    it builds on this one."""
 
     def __init__(self, primary: ConnectionSettings,
-                 options: SendAvailabilityPairedNamespaceOptions, retry: RetryPolicy) -> None:
+                 options: SendAvailabilityPairedNamespaceOptions,
+                 open_client: Callable[[ConnectionSettings], NamespaceClient]) -> None:
         self.primary = primary
         self.options = options
         self.secondary = parse_connection_string(options.secondary_connection_string)
@@ -167,27 +158,21 @@ class Pairing:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._ensure_backlog_queues()
-        from settlement.client import ServiceBusClient  # the client module imports this one
-
-        self._secondary_client = ServiceBusClient._from_settings(self.secondary, retry=retry)
+        self._secondary_client = open_client(self.secondary)
         self._backlog_senders: dict[str, ServiceBusSender] = {}
         self._status = StatusTopic(self.secondary)
         self._primary_admin = AdminClient({**primary.kafka_config(), "log_level": 0})
         self._probe = threading.Thread(target=self._probe_primary, name="pairing-probe",
                                        daemon=True)
         self._probe.start()
-        self._syphon = None
+        self._syphon: Syphon | None = None
         if options.enable_syphon:
-            from settlement._syphon import Syphon
-
-            self._syphon = Syphon(self, ServiceBusClient._from_settings(primary, retry=retry),
+            self._syphon = Syphon(self.queues, self.primary_answers, open_client(primary),
                                   self._secondary_client)
 
     # ------------------------------------------------------------ set-up
     def _ensure_backlog_queues(self) -> None:
         """Find or create the backlog queues; report how many of each."""
-        from settlement.management import ServiceBusAdministrationClient
-
         with ServiceBusAdministrationClient._from_settings(self.secondary) as admin:
             existing = {q.name for q in admin.list_queues()}
             missing = [q for q in self.queues if q not in existing]
@@ -211,8 +196,6 @@ class Pairing:
     def send(self, sender: ServiceBusSender, messages: list[ServiceBusMessage],
              records: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]]) -> None:
         """Send to the primary, or to the backlog once the entity failed over."""
-        from settlement.sender import Delivery
-
         route = self.route(sender.kind, sender.entity_name)
         replay_ids = [uuid.uuid4().hex for _ in messages]
         records = [with_replay_id(record, rid)
@@ -266,7 +249,7 @@ class Pairing:
         """Send what the primary did not acknowledge to a random backlog
         queue; on failure, to another one, until every queue was tried."""
         scan_from = json.dumps({str(p): o + 1 for p, o in sender.acked.items()})
-        copies = [_backlog_copy(messages[i], destination(route.kind, route.entity),
+        copies = [backlog_copy(messages[i], destination(route.kind, route.entity),
                                 replay_ids[i], first_try_ms, scan_from)
                   for i in delivery.missing()]
         queues = random.sample(self.queues, len(self.queues))
@@ -345,18 +328,6 @@ class Pairing:
         self._secondary_client.close()
 
 
-def _backlog_copy(message: ServiceBusMessage, where: str, replay_id: str, first_try_ms: int,
-                  scan_from: str) -> ServiceBusMessage:
-    """The message as a backlog queue holds it: every field kept, plus where
-    it goes and how to tell whether it reached the primary after all."""
-    from settlement.dead_letters import copy_message
-
-    copy = copy_message(message, {DESTINATION: where, REPLAY: replay_id,
-                                  FIRST_TRY_MS: first_try_ms, SCAN_FROM: scan_from})
-    copy.scheduled_enqueue_time_utc = message.scheduled_enqueue_time_utc
-    return copy
-
-
 class StatusTopic:
     """The compacted topic ``NS.__pairing`` of the secondary namespace: per
     primary entity and client, where its sends go and how many went to the
@@ -366,8 +337,6 @@ class StatusTopic:
     ``closed`` (the client closed while in the backlog: mode ``closed``)."""
 
     def __init__(self, secondary: ConnectionSettings) -> None:
-        from confluent_kafka import Producer
-
         self.topic = names.pairing(secondary.namespace)
         admin = AdminClient(secondary.kafka_config())
         specs.provision(admin, specs.namespace_topics(secondary.namespace),
@@ -388,8 +357,6 @@ class StatusTopic:
 def read_status(secondary: ConnectionSettings, primary_namespace: str) -> list[dict[str, object]]:
     """The latest status record of each entity and client of
     ``primary_namespace``, as its paired clients last published them."""
-    from confluent_kafka import Consumer, TopicPartition
-
     topic = names.pairing(secondary.namespace)
     consumer = Consumer(secondary.consumer_config(f"pair-status-{uuid.uuid4().hex}"))
     latest: dict[bytes, dict[str, object]] = {}

@@ -14,20 +14,39 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from settlement.message import ServiceBusReceivedMessage
-
-if TYPE_CHECKING:
-    from settlement.receiver import ServiceBusReceiver
 
 log = logging.getLogger(__name__)
 
 
+class Settled(Protocol):
+    """The answer for one message of a batch settlement."""
+
+    @property
+    def message(self) -> ServiceBusReceivedMessage: ...
+
+    @property
+    def error(self) -> Exception | None: ...
+
+
+class Source(Protocol):
+    """What a processor needs of its receiver (a :class:`settlement.ServiceBusReceiver`):
+    a protocol, as the receiver module makes processors."""
+
+    def receive_messages(self, max_message_count: int | None = 1,
+                         max_wait_time: float | None = None) -> list[ServiceBusReceivedMessage]:
+        ...
+
+    def settle_messages(self, messages: list[ServiceBusReceivedMessage], action: str
+                        ) -> Sequence[Settled]: ...
+
+
 class MessageProcessor:
-    def __init__(self, receiver: ServiceBusReceiver,
+    def __init__(self, receiver: Source,
                  handler: Callable[[ServiceBusReceivedMessage], Any], *,
                  max_concurrent_calls: int, batch_size: int, max_wait_time: float | None,
                  max_message_count: int | None) -> None:

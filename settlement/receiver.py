@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from settlement import _read_ahead as read_ahead
 from settlement import message_records
@@ -56,9 +56,6 @@ from topics.message_record import MALFORMED, MalformedRecord
 from topics.sequence_numbers import split_sequence_number
 from topics.times import as_utc, epoch_ms, utc_from_ms
 
-if TYPE_CHECKING:
-    from settlement.lock_renewer import AutoLockRenewer
-
 log = logging.getLogger(__name__)
 
 MALFORMED_REASON = MALFORMED
@@ -78,6 +75,15 @@ class ServiceBusSubQueue(enum.StrEnum):
 _LOOP_PREFETCH = 32
 #: reason and description characters in one settle command (see settle_messages)
 _TEXT_PER_COMMAND = 250_000
+
+
+class LockRenewer(Protocol):
+    """What a receiver needs of its ``auto_lock_renewer`` (an
+    :class:`settlement.AutoLockRenewer`, or the asyncio client's adapter):
+    a protocol, as the renewer builds on this module."""
+
+    def register(self, receiver: ServiceBusReceiver,
+                 renewable: ServiceBusReceivedMessage | ServiceBusSession) -> None: ...
 
 
 @dataclass
@@ -102,7 +108,7 @@ class ServiceBusReceiver:
                  max_wait_time: float | None = None, prefetch_count: int = 0,
                  rules: SubscriptionRules | None = None,
                  session_id: str | ServiceBusSessionFilter | None = None,
-                 auto_lock_renewer: AutoLockRenewer | None = None,
+                 auto_lock_renewer: LockRenewer | None = None,
                  client_identifier: str | None = None) -> None:
         self._entity = props.path
         self.entity_path = props.path + {

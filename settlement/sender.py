@@ -7,7 +7,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -36,9 +36,6 @@ from topics.message_record import with_replay_id
 from topics.sequence_numbers import sequence_number, split_sequence_number
 from topics.times import as_utc, epoch_ms
 
-if TYPE_CHECKING:
-    from settlement.pairing import Pairing
-
 _RETRYABLE = {KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT,
               KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_LEADER_FOR_PARTITION,
               KafkaError._TRANSPORT,
@@ -58,6 +55,15 @@ class Delivery:
         return [i for i, p in enumerate(self.placed) if p is None]
 
 
+class PairedSends(Protocol):
+    """What a sender of a paired client needs of its pairing (a
+    :class:`settlement.pairing.Pairing`): a protocol, as the pairing builds on
+    this module."""
+
+    def send(self, sender: ServiceBusSender, messages: list[ServiceBusMessage],
+             records: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]]) -> None: ...
+
+
 class ServiceBusSender:
     """Sends to one queue or topic with ``acks=all`` and an idempotent producer.
 
@@ -69,7 +75,7 @@ class ServiceBusSender:
     def __init__(self, settings: ConnectionSettings, registry: EntityRegistry,
                  entity_name: str, engine: Callable[[], EngineLink], *,
                  max_in_flight: int = 10_000, topic: bool = False,
-                 retry: RetryPolicy | None = None, pairing: Pairing | None = None,
+                 retry: RetryPolicy | None = None, pairing: PairedSends | None = None,
                  quota: QuotaGuard | None = None, client_identifier: str | None = None
                  ) -> None:
         self.entity_name = entity_name

@@ -1,6 +1,6 @@
 """The Spark commands of the ``settlement`` CLI: monitor, dashboard, replay.
 
-Kept apart from :mod:`settlement.cli` so that the client's CLI never imports
+Kept apart from the jobs so that the ``settlement`` command never imports
 PySpark (seconds of start-up) unless a Spark command runs: each handler
 imports its job when called.
 """
@@ -11,6 +11,12 @@ import argparse
 import datetime as dt
 from collections.abc import Callable
 from typing import Any
+
+from tqdm import tqdm
+
+from settlement.client import ServiceBusClient
+from settlement.management import ServiceBusAdministrationClient
+from spark.monitor_options import add_monitor_arguments
 
 ConnectionString = Callable[[argparse.Namespace], str]
 
@@ -33,6 +39,7 @@ def _add_monitor(commands: Any, common: argparse.ArgumentParser,
     add_monitor_arguments(monitor)
 
     def handler(args: argparse.Namespace) -> int:
+        # Imported here, not at the top: it loads PySpark, only this command needs it.
         from spark.monitor import run
 
         return run(connection_string(args), args)
@@ -58,29 +65,12 @@ def _add_dashboard(commands: Any, common: argparse.ArgumentParser) -> None:
                            help="save a headless Chromium screenshot of the page and exit")
 
     def handler(args: argparse.Namespace) -> int:
+        # Imported here, not at the top: it loads pandas, only this command needs it.
         from spark.dashboard import run
 
         return run(args)
 
     dashboard.set_defaults(handler=handler)
-
-
-def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of the monitor, shared with ``spark-submit spark/monitor.py``."""
-    parser.add_argument("--sink", default="monitor-data",
-                        help="directory of the Parquet results and the checkpoint")
-    parser.add_argument("--checkpoint", help="checkpoint directory (default: SINK/_checkpoint)")
-    parser.add_argument("--trigger", type=float, default=2.0, metavar="SECONDS",
-                        help="micro-batch interval (default: 2)")
-    parser.add_argument("--window", default="10 seconds",
-                        help="event-time window length (default: 10 seconds)")
-    parser.add_argument("--watermark", default="1 minute",
-                        help="how late an event may arrive and still count (default: 1 minute)")
-    parser.add_argument("--available-now", action="store_true",
-                        help="process what is in the topics now, then stop")
-    parser.add_argument("--compact-every", type=int, default=100, metavar="BATCHES",
-                        help="merge the sink's older batches into one file this often "
-                             "(default: 100; 0: never)")
 
 
 def _add_replay(commands: Any, common: argparse.ArgumentParser,
@@ -106,6 +96,7 @@ def _add_replay(commands: Any, common: argparse.ArgumentParser,
     dlq.add_argument("--to", metavar="QUEUE", help="send the copies here instead")
 
     def run_dlq(args: argparse.Namespace) -> int:
+        # Imported here, not at the top: it loads PySpark, only this command needs it.
         from spark.replay import replay_dlq
 
         count = _with_client(args, connection_string, lambda spark, client, bar: replay_dlq(
@@ -124,6 +115,7 @@ def _add_replay(commands: Any, common: argparse.ArgumentParser,
     ranged.add_argument("--to", metavar="QUEUE", required=True, help="the target queue")
 
     def run_range(args: argparse.Namespace) -> int:
+        # Imported here, not at the top: it loads PySpark, only this command needs it.
         from spark.replay import replay_range
 
         if args.since is None:
@@ -147,7 +139,7 @@ def _add_replay(commands: Any, common: argparse.ArgumentParser,
                        help="how long past its end a lock may stay unlapsed (default: 30)")
 
     def run_audit(args: argparse.Namespace) -> int:
-        from settlement.management import ServiceBusAdministrationClient
+        # Imported here, not at the top: they load PySpark, only this command needs it.
         from spark.audit import run_audit as audit_entities
         from spark.session import spark_session
 
@@ -172,9 +164,7 @@ def _utc(text: str) -> dt.datetime:
 def _with_client(args: argparse.Namespace, connection_string: ConnectionString,
                  job: Callable[[Any, Any, Any], int]) -> int:
     """Run ``job(spark, client, progress_bar)``."""
-    from tqdm import tqdm
-
-    from settlement.client import ServiceBusClient
+    # Imported here, not at the top: it loads PySpark, only the replay jobs need it.
     from spark.session import spark_session
 
     spark = spark_session("settlement-replay")

@@ -50,8 +50,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from spark.cli import add_monitor_arguments
 from spark.metrics_store import write_batch
+from spark.monitor_options import add_monitor_arguments
 from spark.records import EVENT_SCHEMA, PAIRING_SCHEMA, STATE_SCHEMA
 from spark.session import spark_session
 from spark.source import read_kafka_stream

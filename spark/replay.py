@@ -21,8 +21,8 @@ from pyspark.sql import functions as F
 
 from settlement import message_records
 from settlement.client import ServiceBusClient
-from settlement.dead_letters import REPLAYED_FROM, copy_message, replay_dead_letters, replay_id
-from settlement.message import ServiceBusReceivedMessage
+from settlement.dead_letters import REPLAYED_FROM, replay_dead_letters, replay_id
+from settlement.message import ServiceBusReceivedMessage, copy_message
 from spark.audit import fold_messages
 from spark.records import read_entity_logs, read_events
 from topics.connection import parse_connection_string

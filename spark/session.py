@@ -3,7 +3,7 @@ on a cluster. PySpark needs Java 17; a missing ``java`` is a clear error.
 
 Spark's Kafka connector (``spark-sql-kafka-0-10`` of the installed PySpark's
 version) is fetched from Maven Central once, cached like the broker's jars
-(``settlement/jars/spark-kafka/pom.xml``), and passed as ``spark.jars``.
+(``settlement/testing/jars/spark-kafka/pom.xml``), and passed as ``spark.jars``.
 Without Maven or network the session still starts, and the jobs read through
 the Python source (:mod:`spark.source`)."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
-from settlement._maven import JarFetchError, fetch_jars
+from settlement.testing.maven import JarFetchError, fetch_jars
 from spark.kafka_source import KafkaSource
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,10 @@ def run_worker(connection_string: str, data_dir: str | Path = "data/engine",
     os.environ["SETTLEMENT_DATA_DIR"] = str(data_dir)
     if web_port is not None:
         os.environ["SETTLEMENT_WEB_PORT"] = str(web_port)
+    # Imported here, not at the top: Faust and the engine (RocksDB) are heavy and only
+    # a worker needs them, and streams.app reads the environment set above on import.
     import faust
 
-    from streams.app import app  # reads the environment set above, so imported last
+    from streams.app import app
 
     faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from settlement import ServiceBusClient
-from settlement.apache_kafka import KafkaCluster
-from settlement.embedded import EmbeddedBroker
 from settlement.management import ServiceBusAdministrationClient
+from settlement.testing.apache_kafka import KafkaCluster
+from settlement.testing.embedded import EmbeddedBroker
 from streams.process import EngineProcess
 from tests.helpers import TEST_BROKER, Broker
 

@@ -13,8 +13,8 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from settlement import ServiceBusClient, ServiceBusReceivedMessage
-from settlement.apache_kafka import KafkaCluster
-from settlement.embedded import EmbeddedBroker
+from settlement.testing.apache_kafka import KafkaCluster
+from settlement.testing.embedded import EmbeddedBroker
 from topics import names, specs
 
 #: The broker of this test session: ``embedded`` (Tansu) or ``kafka`` (Apache Kafka).

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from settlement.apache_kafka import KafkaCluster
-from settlement.embedded import EmbeddedBroker
+from settlement.testing.apache_kafka import KafkaCluster
+from settlement.testing.embedded import EmbeddedBroker
 from streams.process import EngineProcess
 from tests.helpers import TEST_BROKER, Broker
 

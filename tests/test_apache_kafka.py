@@ -24,9 +24,9 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
-from settlement._maven import JarFetchError, fetch_jars
-from settlement.apache_kafka import KafkaCluster
 from settlement.management import ServiceBusAdministrationClient
+from settlement.testing.apache_kafka import KafkaCluster
+from settlement.testing.maven import JarFetchError, fetch_jars
 from tests.helpers import TEST_BROKER, Broker
 from topics import names
 from topics.connection import parse_connection_string

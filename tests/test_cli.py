@@ -11,8 +11,9 @@ import json
 
 import pytest
 
-from settlement.admin_cli import correlation_filter, entity_options
-from settlement.cli import ENV_CONNECTION_STRING, UsageError, build_parser, main
+from settlement.cli import build_parser, main
+from settlement.cli.admin import correlation_filter, entity_options
+from settlement.cli.base import ENV_CONNECTION_STRING, UsageError
 from settlement.management import CorrelationRuleFilter
 
 COMMANDS = [

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
-from settlement.apache_kafka import KafkaCluster
 from settlement.exceptions import ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
+from settlement.testing.apache_kafka import KafkaCluster
 from spark.audit import run_audit
 from streams.process import EngineProcess
 from tests.helpers import TEST_BROKER, receive_exactly

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from settlement.apache_kafka import BROKER_SETTINGS, KAFKA_VERSION, replication_settings
+from settlement.testing.apache_kafka import BROKER_SETTINGS, KAFKA_VERSION, replication_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"

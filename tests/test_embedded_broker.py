@@ -1,4 +1,4 @@
-"""Tests for settlement.embedded.EmbeddedBroker and settlement.broker_cli.run_broker.
+"""Tests for settlement.testing.embedded.EmbeddedBroker and settlement.cli.broker.run_broker.
 
 Each test module gets its own broker on a free port (port 0), so these tests do
 not depend on, or interfere with, any broker another test module starts.
@@ -24,8 +24,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from settlement.broker_cli import run_broker
-from settlement.embedded import BrokerStartError, EmbeddedBroker
+from settlement.cli.broker import run_broker
+from settlement.testing.embedded import BrokerStartError, EmbeddedBroker
 from topics.connection import parse_connection_string
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,7 +174,7 @@ def _read_line_until(proc: subprocess.Popen[str], wanted: str, timeout: float) -
 def test_run_broker_serves_until_sigterm() -> None:
     port = _free_port()
     code = (
-        "from settlement.broker_cli import run_broker; "
+        "from settlement.cli.broker import run_broker; "
         f"raise SystemExit(run_broker('127.0.0.1', {port}))"
     )
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))

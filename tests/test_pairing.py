@@ -25,9 +25,9 @@ from settlement import (
     ServiceBusClient,
     ServiceBusMessage,
 )
-from settlement.apache_kafka import KafkaCluster
 from settlement.management import ServiceBusAdministrationClient
 from settlement.pairing import backlog_queue_names, read_status
+from settlement.testing.apache_kafka import KafkaCluster
 from spark.dashboard import dump_dom
 from tests.helpers import TEST_BROKER, run_monitor
 from tests.pairing_helpers import Primary, running_primary

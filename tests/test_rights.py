@@ -18,9 +18,9 @@ from azure.core.exceptions import ClientAuthenticationError
 from confluent_kafka.admin import AdminClient
 
 from settlement import ServiceBusClient, ServiceBusMessage
-from settlement.apache_kafka import KafkaCluster
 from settlement.exceptions import ServiceBusAuthenticationError, ServiceBusAuthorizationError
 from settlement.management import ServiceBusAdministrationClient
+from settlement.testing.apache_kafka import KafkaCluster
 from streams.process import EngineProcess
 from tests.helpers import TEST_BROKER
 from tests.wire_commands import call_raw

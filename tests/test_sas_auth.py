@@ -1,6 +1,6 @@
 """Shared access signatures and named keys, checked by Apache Kafka: the
 secured cluster of test_rights.py (SASL/PLAIN with settlement's handler,
-settlement/jars/sas-auth) accepts a token signed with a user's key as that
+settlement/testing/jars/sas-auth) accepts a token signed with a user's key as that
 user, and refuses a wrong signature, an expired token and a token presented
 for another key name with a ServiceBusAuthenticationError."""
 
@@ -17,8 +17,8 @@ import pytest
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 
 from settlement import ServiceBusClient, ServiceBusMessage
-from settlement.apache_kafka import KafkaCluster
 from settlement.exceptions import ServiceBusAuthenticationError
+from settlement.testing.apache_kafka import KafkaCluster
 from tests.helpers import TEST_BROKER
 from tests.test_rights import NS, USERS, secured  # noqa: F401 (the secured cluster fixture)
 from topics.connection import ConnectionStringError, parse_connection_string

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from settlement.apache_kafka import KafkaCluster
 from settlement.management import ServiceBusAdministrationClient
+from settlement.testing.apache_kafka import KafkaCluster
 from streams.process import EngineProcess
 from tests import sdk_samples
 from tests.helpers import TEST_BROKER

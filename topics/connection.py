@@ -189,7 +189,7 @@ def settings_from_credential(fully_qualified_namespace: str, credential: Any
     ``AzureNamedKeyCredential(name, key)`` is the SASL user and password, as
     ``SharedAccessKeyName``/``SharedAccessKey`` in a connection string;
     ``AzureSasCredential(token)`` signs in as the token's key name with the
-    token as password (a broker configured by :mod:`settlement.apache_kafka`
+    token as password (a broker configured by :mod:`settlement.testing.apache_kafka`
     checks its signature and expiry), and so does a ``get_token`` credential
     whose ``token_type`` is :data:`SAS_TOKEN_TYPE`; its token is taken once,
     so it must outlive the client. Azure AD credentials (other ``get_token``

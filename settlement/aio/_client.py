@@ -6,11 +6,13 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from settlement.aio._lock_renewer import AutoLockRenewer
 from settlement.aio._offload import Offloader
-from settlement.aio._receiver import ServiceBusReceiver
+from settlement.aio._receiver import ServiceBusReceiver, SyncRenewal
 from settlement.aio._sender import ServiceBusSender
 from settlement.aio._settle_groups import SettleGroups
 from settlement.client import ServiceBusClient as SyncClient
+from settlement.receiver import LockRenewer
 from settlement.receiver import ServiceBusReceiver as SyncReceiver
 
 
@@ -65,10 +67,10 @@ class ServiceBusClient:
 
     def _receiver(self, make: Callable[..., SyncReceiver], kwargs: dict[str, Any]
                   ) -> ServiceBusReceiver:
-        renewer = kwargs.pop("auto_lock_renewer", None)
+        renewal = _renewal(kwargs.pop("auto_lock_renewer", None))
         return ServiceBusReceiver(functools.partial(make, **kwargs), self._offload,
                                   self._settles, session=kwargs.get("session_id") is not None,
-                                  auto_lock_renewer=renewer)
+                                  renewal=renewal)
 
     async def list_queue_sessions(self, queue_name: str, **kwargs: Any) -> list[str]:
         return await self._offload.run(self._sync.list_queue_sessions, queue_name, **kwargs)
@@ -89,3 +91,15 @@ class ServiceBusClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _renewal(renewer: AutoLockRenewer | LockRenewer | None) -> SyncRenewal | None:
+    """How a receiver's ``auto_lock_renewer`` reaches its sync receiver: an
+    asyncio renewer is adapted to report its failures to the receiver's event
+    loop; a sync one is taken as it is."""
+    if renewer is None:
+        return None
+    if isinstance(renewer, AutoLockRenewer):
+        return renewer._for_receiver
+    sync_renewer = renewer
+    return lambda _receiver, _loop: sync_renewer

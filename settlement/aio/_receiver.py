@@ -17,7 +17,13 @@ from settlement._session import ServiceBusSession as SyncSession
 from settlement.aio._offload import Offloader
 from settlement.aio._settle_groups import SettleGroups
 from settlement.message import ServiceBusReceivedMessage
+from settlement.receiver import LockRenewer
 from settlement.receiver import ServiceBusReceiver as SyncReceiver
+
+#: How the ``auto_lock_renewer`` given to the asyncio client becomes the sync
+#: receiver's, once the asyncio receiver and its event loop are known
+#: (:meth:`settlement.aio.ServiceBusClient.get_queue_receiver` makes it).
+SyncRenewal = Callable[["ServiceBusReceiver", asyncio.AbstractEventLoop], LockRenewer]
 
 
 class ServiceBusReceiver:
@@ -29,9 +35,9 @@ class ServiceBusReceiver:
 
     def __init__(self, make: Callable[..., SyncReceiver], offload: Offloader,
                  settles: SettleGroups, *, session: bool,
-                 auto_lock_renewer: Any = None) -> None:
+                 renewal: SyncRenewal | None = None) -> None:
         self._make = make
-        self._renewer = auto_lock_renewer
+        self._renewal_of = renewal
         self._offload = offload
         self._settles = settles
         self._sync: SyncReceiver | None = None
@@ -49,14 +55,11 @@ class ServiceBusReceiver:
         return self._sync
 
     def _renewal(self) -> dict[str, Any]:
-        """The sync receiver's ``auto_lock_renewer``: an asyncio renewer is
-        adapted to report its failures to this event loop."""
-        from settlement.aio._lock_renewer import AutoLockRenewer  # it builds on this module
-
-        renewer = self._renewer
-        if isinstance(renewer, AutoLockRenewer):
-            renewer = renewer._for_receiver(self, asyncio.get_running_loop())
-        return {} if renewer is None else {"auto_lock_renewer": renewer}
+        """The sync receiver's ``auto_lock_renewer``, made for this receiver
+        and its event loop."""
+        if self._renewal_of is None:
+            return {}
+        return {"auto_lock_renewer": self._renewal_of(self, asyncio.get_running_loop())}
 
     def _opened(self) -> SyncReceiver:
         if self._sync is None:

@@ -14,10 +14,13 @@ import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
 
+from settlement._engine_link import EngineLink
+from settlement._entities import EntityRegistry
 from settlement._session_listing import SessionRuntimeProperties, list_sessions
 from settlement.exceptions import MessagingEntityAlreadyExistsError
 from settlement.management._runtime import SubscriptionRuntimeProperties, TopicRuntimeProperties
@@ -30,6 +33,7 @@ from settlement.management._validation import (
     validated_log,
 )
 from topics import names, specs
+from topics.connection import ConnectionSettings
 from topics.entities import (
     RuleFilter,
     RuleProperties,
@@ -40,13 +44,6 @@ from topics.entities import (
 )
 from topics.offsets import log_end_offsets
 from topics.rule_set import DEFAULT_RULE, RuleSet
-
-if TYPE_CHECKING:
-    from confluent_kafka.admin import AdminClient
-
-    from settlement._engine_link import EngineLink
-    from settlement._entities import EntityRegistry
-    from topics.connection import ConnectionSettings
 
 #: what cannot change once a topic or subscription exists
 _FIXED = ("name", "topic_name", "partition_count", "enable_partitioning", "requires_session",

@@ -29,34 +29,46 @@ import argparse
 import datetime as dt
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
 from tqdm import tqdm
 
 from settlement._entities import EntityRegistry
 from settlement._session import NEXT_AVAILABLE_SESSION
-from settlement.apache_kafka import KAFKA_VERSION
+from settlement.cli import admin as admin_cli
+from settlement.cli import namespace as namespace_cli
+from settlement.cli import pair as pair_cli
+from settlement.cli.base import (
+    ENV_CONNECTION_STRING,
+    UsageError,
+    add_command,
+    add_group,
+    connection_string,
+    property_value,
+    split_pair,
+)
+from settlement.cli.broker import run_broker, run_kafka
 from settlement.client import ServiceBusClient
 from settlement.dead_letters import purge_dead_letters, resubmit_dead_letters
 from settlement.exceptions import MessagingEntityNotFoundError, ServiceBusError
-from settlement.management import ServiceBusAdministrationClient
 from settlement.message import PropertyValue, ServiceBusMessage, ServiceBusReceivedMessage
 from settlement.receiver import ServiceBusReceiveMode, ServiceBusReceiver, ServiceBusSubQueue
 from settlement.sender import ServiceBusSender
+from settlement.testing.apache_kafka import KAFKA_VERSION
 from spark import cli as spark_cli
-from topics import names
+from streams.worker import run_worker
+from topics import names, rights
 from topics.connection import ConnectionStringError, parse_connection_string
 from topics.entities import Definition, QueueProperties, SubscriptionProperties, TopicProperties
 from topics.specs import ProvisioningError
 
 log = logging.getLogger(__name__)
 
-ENV_CONNECTION_STRING = "SETTLEMENT_CONNECTION_STRING"
 #: Characters of a body shown by ``receive`` and ``dlq``.
 BODY_WIDTH = 60
 #: After the first messages arrive, how long a receive keeps draining for more.
@@ -70,10 +82,6 @@ SETTLE_ACTIONS = {
     "dead-letter": ("dead_letter", "dead-lettered"),
     "defer": ("defer", "deferred"),
 }
-
-
-class UsageError(ValueError):
-    """A command line that parses but cannot be carried out as given."""
 
 
 # --------------------------------------------------------------------------- parser
@@ -122,9 +130,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="worker log level (default: info)")
     worker.set_defaults(handler=cmd_worker)
 
-    # Imported here, not at the top: they build on this module's helpers.
-    from settlement import admin_cli, namespace_cli
-
     admin_cli.add_commands(commands, common)
     namespace_cli.add_commands(commands, common)
     _add_send(commands, common)
@@ -132,10 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_dlq_commands(commands, common)
     _add_acl(commands, common)
-    spark_cli.add_commands(commands, common, _connection_string)
-    from settlement import pair_cli  # builds on this module's helpers, as admin_cli does
-
-    pair_cli.add_commands(commands, common, _connection_string)
+    spark_cli.add_commands(commands, common, connection_string)
+    pair_cli.add_commands(commands, common, connection_string)
     return parser
 
 
@@ -191,25 +194,6 @@ def _add_common(parser: argparse.ArgumentParser, *, top_level: bool) -> None:
     parser.add_argument("--connection-string", default=default, metavar="CONN",
                         help="'Endpoint=kafka://HOST:PORT;Namespace=NAME' "
                              f"(default: ${ENV_CONNECTION_STRING})")
-
-
-def add_group(commands: Any, common: argparse.ArgumentParser, name: str, summary: str,
-              description: str) -> Any:
-    """A command with sub-commands (``queue``, ``topic``...); alone, it prints its help."""
-    group = commands.add_parser(name, parents=[common], help=summary, description=description)
-    group.set_defaults(handler=None, parser=group)
-    return group.add_subparsers(title=f"{name} commands", metavar=f"{name.upper()}_COMMAND")
-
-
-def add_command(sub: Any, common: argparse.ArgumentParser, name: str,
-                handler: Callable[[argparse.Namespace], int], summary: str, description: str,
-                *positionals: str) -> argparse.ArgumentParser:
-    """A sub-command of a group; each positional's dest is its metavar in lower case."""
-    parser = sub.add_parser(name, parents=[common], help=summary, description=description)
-    for metavar in positionals:
-        parser.add_argument(metavar.lower(), metavar=metavar)
-    parser.set_defaults(handler=handler)
-    return parser
 
 
 def _add_send(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -321,26 +305,14 @@ def _message(exc: BaseException) -> str:
     return str(exc)
 
 
-def _connection_string(args: argparse.Namespace) -> str:
-    conn = getattr(args, "connection_string", None) or os.environ.get(ENV_CONNECTION_STRING)
-    if not conn:
-        raise UsageError(f"no connection string: pass --connection-string or set "
-                         f"{ENV_CONNECTION_STRING} ('Endpoint=kafka://HOST:PORT;Namespace=NAME')")
-    return conn
-
-
-def admin_client(args: argparse.Namespace) -> ServiceBusAdministrationClient:
-    return ServiceBusAdministrationClient.from_connection_string(_connection_string(args))
-
-
 def _client(args: argparse.Namespace) -> ServiceBusClient:
-    return ServiceBusClient.from_connection_string(_connection_string(args))
+    return ServiceBusClient.from_connection_string(connection_string(args))
 
 
 def _definition(args: argparse.Namespace, name: str) -> Definition | None:
     """What ``name`` is in the namespace (queue, topic or subscription path),
     or None: one read of the entities topic."""
-    registry = EntityRegistry(parse_connection_string(_connection_string(args)))
+    registry = EntityRegistry(parse_connection_string(connection_string(args)))
     return registry.load_all().get(name)
 
 
@@ -362,30 +334,20 @@ def _not_a_topic(args: argparse.Namespace, entity: str) -> Iterator[None]:
 
 # ------------------------------------------------------------------------- commands
 def cmd_broker(args: argparse.Namespace) -> int:
-    from settlement.broker_cli import run_broker
-
     return run_broker(args.host, args.port)
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
-    from settlement.broker_cli import run_kafka
-
     return run_kafka(args.port, args.brokers, args.data_dir, args.version)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from streams.worker import run_worker
-
-    run_worker(_connection_string(args), args.data_dir, args.web_port, args.loglevel)
+    run_worker(connection_string(args), args.data_dir, args.web_port, args.loglevel)
     return 0
 
 
 def cmd_acl(args: argparse.Namespace) -> int:
-    from confluent_kafka.admin import AdminClient
-
-    from topics import rights
-
-    settings = parse_connection_string(_connection_string(args))
+    settings = parse_connection_string(connection_string(args))
     bindings = (rights.engine_acl_bindings(settings.namespace, args.principal) if args.engine
                 else rights.acl_bindings(settings.namespace, args.principal, args.right,
                                          args.entity))
@@ -437,7 +399,7 @@ def _sendable_kind(args: argparse.Namespace, name: str) -> str:
         raise UsageError(f"{name!r} names a subscription, which is not sent to: send to its "
                          f"topic {topic!r}, and every subscription whose rules select a "
                          "message gets a copy")
-    namespace = parse_connection_string(_connection_string(args)).namespace
+    namespace = parse_connection_string(connection_string(args)).namespace
     raise MessagingEntityNotFoundError(
         f"no queue or topic named {name!r} in namespace {namespace!r}: create one with "
         f"'settlement queue create {name}' or 'settlement topic create {name}'")
@@ -549,24 +511,6 @@ def _settle_all(receiver: ServiceBusReceiver, messages: list[ServiceBusReceivedM
     return [done if r.error is None else f"failed ({_message(r.error)})" for r in results]
 
 
-def split_pair(pair: str, option: str) -> tuple[str, str]:
-    """``"KEY=VALUE"`` -> ``("KEY", "VALUE")``; ``option`` names the flag in the error."""
-    key, sep, raw = pair.partition("=")
-    if not sep or not key:
-        raise UsageError(f"{option} takes KEY=VALUE, got {pair!r}")
-    return key, raw
-
-
-def property_value(raw: str) -> PropertyValue:
-    """A JSON number, true, false or null as such; anything else as text,
-    so that rules compare ``amount >= 100`` as numbers."""
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return raw
-    return value if isinstance(value, int | float | bool | None) else raw
-
-
 def _parse_properties(pairs: list[str]) -> dict[str, PropertyValue]:
     return {key: property_value(raw)
             for key, raw in (split_pair(pair, "--property") for pair in pairs)}
@@ -594,6 +538,3 @@ def _properties_text(message: ServiceBusReceivedMessage) -> str:
     return json.dumps(message.application_properties or {}, separators=(",", ":"),
                       sort_keys=True, default=str)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

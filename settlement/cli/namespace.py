@@ -5,7 +5,7 @@ limit of engine commands per second::
     settlement namespace show
     settlement namespace set --max-commands-per-second none
 
-Apart from :mod:`settlement.admin_cli` (entities), with its printers.
+Apart from :mod:`settlement.cli.admin` (entities), with its printers.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from settlement.admin_cli import print_fields
-from settlement.cli import add_command, add_group, admin_client
+from settlement.cli.admin import print_fields
+from settlement.cli.base import add_command, add_group, admin_client
 from settlement.management import NamespaceProperties
 
 

@@ -2,7 +2,7 @@
 
 Apache Kafka's broker and Spark's Kafka connector are JVM code published to
 Maven Central. Each set is described by a ``pom.xml`` under
-``settlement/jars/<name>/`` and copied with Maven's own
+``settlement/testing/jars/<name>/`` and copied with Maven's own
 ``dependency:copy-dependencies`` into ``<cache>/<name>-<version>/``, so
 Maven resolves the transitive dependencies and its ``~/.m2`` cache is reused.
 A finished copy is renamed into place, so a crash or a parallel run never
@@ -50,7 +50,7 @@ COPY_DEPENDENCIES = ("dependency:copy-dependencies", "-DincludeScope=runtime")
 
 def fetch_jars(name: str, properties: dict[str, str],
                goals: tuple[str, ...] = COPY_DEPENDENCIES) -> Path:
-    """The directory of jars for ``settlement/jars/<name>/pom.xml`` with
+    """The directory of jars for ``settlement/testing/jars/<name>/pom.xml`` with
     ``properties`` (e.g. ``{"kafka.version": "4.4.0"}``), fetched on first use.
     Other ``goals`` build the POM's own jar there (its ``outputDirectory``)."""
     version = "-".join(properties.values())

@@ -9,8 +9,8 @@
     settlement rule delete sales eu '$Default'
     settlement subscription show sales eu
 
-Kept apart from :mod:`settlement.cli`, which registers these commands and
-owns the plumbing they use (connection string, usage errors, command groups).
+Registered by :mod:`settlement.cli.app`; the plumbing they use (connection
+string, usage errors, command groups) is :mod:`settlement.cli.base`.
 One table, :data:`ENTITY_OPTIONS`, serves the three ``create`` commands, so a
 setting is spelled and behaves the same wherever Service Bus has it; every
 ``show`` prints ``name  value`` lines and every ``list`` a table, through the
@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from settlement.cli import (
+from settlement.cli.base import (
     UsageError,
     add_command,
     add_group,

@@ -3,7 +3,7 @@ broker+controller, or three on loopback.
 
 Users deploy on Apache Kafka, so the tests, the bench and the Spark jobs run
 on it too, without Docker: :class:`KafkaCluster` fetches the broker's jars
-once (``settlement/jars/kafka/pom.xml``, cached outside the work tree),
+once (``settlement/testing/jars/kafka/pom.xml``, cached outside the work tree),
 formats KRaft storage once per data directory (``kafka.tools.StorageTool``)
 and runs ``kafka.Kafka`` per node::
 
@@ -35,14 +35,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from settlement._local_broker import (
+from settlement.testing._local_broker import (
     BrokerStartError,
     free_port,
     log_tail,
     port_in_use,
     wait_until_answering,
 )
-from settlement._maven import POMS, fetch_jars, require_java
+from settlement.testing.maven import POMS, fetch_jars, require_java
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ SAS_HANDLER = "settlement.kafka.SasPlainServerCallbackHandler"
 
 def sas_auth_jars(version: str = KAFKA_VERSION) -> Path:
     """The directory holding the jar of :data:`SAS_HANDLER`, built by Maven
-    from ``settlement/jars/sas-auth`` once per Kafka version and source (a
+    from ``settlement/testing/jars/sas-auth`` once per Kafka version and source (a
     changed source is a new cache entry, so an edit never runs a stale jar)."""
     sources = sorted((POMS / "sas-auth").rglob("*.java")) + [POMS / "sas-auth" / "pom.xml"]
     digest = hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()[:12]

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from confluent_kafka.admin import AdminClient
+
 #: How many trailing bytes of a broker log go into error messages.
 LOG_TAIL_BYTES = 4000
 
@@ -54,8 +56,6 @@ def wait_until_answering(bootstrap: str, brokers: int, timeout: float, what: str
     registered. ``failure()`` returns why the broker cannot come up (a process
     exited), checked between attempts so a dead broker is noticed at once;
     errors end with ``tail()``, the broker's log tail."""
-    from confluent_kafka.admin import AdminClient
-
     admin = AdminClient({
         "bootstrap.servers": bootstrap, **(security or {}),
         # Keep librdkafka's own reconnect chatter out of the caller's log.

@@ -45,7 +45,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager, redirect_stdout, suppress
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,8 +60,8 @@ from settlement import (
     ServiceBusReceiver,
     ServiceBusSubQueue,
 )
-from settlement.admin_cli import format_table
-from settlement.embedded import BrokerStartError, EmbeddedBroker
+from settlement.cli.admin import format_table
+from settlement.cli.pair import print_status
 from settlement.exceptions import (
     MessageLockLostError,
     ServiceBusError,
@@ -73,8 +73,8 @@ from settlement.management import (
     SqlRuleAction,
     SqlRuleFilter,
 )
-from settlement.pair_cli import print_status
 from settlement.pairing import backlog_queue_names, read_status
+from settlement.testing.embedded import BrokerStartError, EmbeddedBroker
 from streams.process import EngineProcess
 from topics.connection import parse_connection_string
 
@@ -698,12 +698,6 @@ def check_java() -> None:
         log.info("java: %s", first[0] if first else "(no version output)")
 
 
-def _tail(path: Path, lines: int = 30) -> str:
-    with suppress(OSError):
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    return "(no log)"
-
-
 def print_summary(demo: Demo, dead: list[ServiceBusReceivedMessage],
                   counts: dict[str, QueueRuntimeProperties]) -> None:
     print()
@@ -796,6 +790,7 @@ def run(workdir: Path) -> int:
 
 def monitor_and_dashboard(conn: str, out_dir: Path) -> int:
     """Spark over what the demo did: metrics, an audit, the dashboard page."""
+    # Imported here, not at the top: they load PySpark, which only this step needs.
     from spark.audit import run_audit
     from spark.dashboard import ChromiumNotFound, screenshot, write_html
     from spark.monitor import start_monitor
@@ -911,7 +906,7 @@ def drive_paired(conn: str, primary_pid: int, workdir: Path) -> int:
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
-    for name in ("settlement.demo", "settlement.embedded", "settlement.pairing",
+    for name in ("settlement.demo", "settlement.testing.embedded", "settlement.pairing",
                  "settlement._syphon"):
         logging.getLogger(name).setLevel(logging.INFO)
     started = time.monotonic()
@@ -932,6 +927,3 @@ def main() -> int:
     log.info("demo finished in %.1f s with exit code %d", time.monotonic() - started, code)
     return code
 
-
-if __name__ == "__main__":
-    sys.exit(main())

