@@ -33,13 +33,13 @@ from topics.commands import (
     Command,
     Reply,
     ReplyAddress,
-    command_partition,
     decode_reply,
     encode_command,
 )
 from topics.connection import ConnectionSettings
 from topics.errors import ErrorCode
 from topics.offsets import take
+from topics.partitions import command_partition
 
 log = logging.getLogger(__name__)
 

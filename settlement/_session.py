@@ -33,9 +33,9 @@ from topics.commands import (
     RenewSessionArgs,
     SessionStateArgs,
     SetSessionStateArgs,
-    session_partition,
 )
 from topics.errors import ErrorCode
+from topics.partitions import session_partition
 from topics.times import utc_from_ms
 
 #: how long a NEXT_AVAILABLE_SESSION receiver without max_wait_time waits for a session

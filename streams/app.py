@@ -1,7 +1,9 @@
 """The engine's Faust app, its topics and its table.
 
-Configured from the environment so that ``faust -A streams.app worker`` and
-``settlement worker`` build the same app:
+Configured from the environment so that ``faust -A streams.engine worker``
+and ``settlement worker`` build the same app (:mod:`streams.engine` registers
+the agents and timers on it; they import this module, so it imports none of
+them):
 
 * ``SETTLEMENT_CONNECTION_STRING`` (required): ``Endpoint=kafka://...;Namespace=...``
 * ``SETTLEMENT_DATA_DIR``: where RocksDB keeps the tables (default ``./data/engine``)
@@ -108,12 +110,3 @@ headers = app.Table("headers", default=None, key_type=bytes, value_type=bytes,
 entries = app.Table("entries", default=None, key_type=bytes, value_type=bytes,
                     partitions=specs.ENGINE_PARTITIONS)
 assert (headers.name, entries.name) == specs.ENGINE_TABLES
-
-
-from streams import (  # noqa: E402,F401  (registers them)
-    command_agent,
-    idle_deleter,
-    lock_timer,
-    log_trimmer,
-    scan_timer,
-)

@@ -49,13 +49,13 @@ from topics.commands import (
     Reply,
     ReplyAddress,
     StatsArgs,
-    command_partition,
     decode_command,
     encode_reply,
 )
 from topics.entities import NAMESPACE_KEY
 from topics.errors import ErrorCode
 from topics.events import encode_record, event_record, is_event, record_key, state_record
+from topics.partitions import command_partition
 
 log = logging.getLogger(__name__)
 #: The largest header record (with its redo and outbox) the engine writes:

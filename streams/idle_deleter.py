@@ -44,10 +44,11 @@ from settlement.management import ServiceBusAdministrationClient
 from streams.app import app, commands_topic, settings
 from streams.command_agent import definitions, on_client_command
 from topics import names, specs
-from topics.commands import Command, command_partition
+from topics.commands import Command
 from topics.entities import Definition, QueueProperties, SubscriptionProperties, TopicProperties
 from topics.entities.queue import DEFAULT_TTL
 from topics.offsets import log_end_offsets
+from topics.partitions import command_partition
 
 log = logging.getLogger(__name__)
 #: the definitions that have an ``auto_delete_on_idle``

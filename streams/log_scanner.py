@@ -40,10 +40,11 @@ from streams.definitions import Definitions
 from streams.forwarding import Forwarder
 from streams.window import InflightWindow
 from topics import names
-from topics.commands import Command, DeadForwardedArgs, session_partition, valid_session_id
+from topics.commands import Command, DeadForwardedArgs, valid_session_id
 from topics.connection import ConnectionSettings
 from topics.message_record import MalformedRecord, filter_properties, scanned_headers
 from topics.offsets import take
+from topics.partitions import session_partition
 from topics.rule_set import RuleSet
 from topics.rules import MessageView
 

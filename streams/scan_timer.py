@@ -14,8 +14,8 @@ from streams.log_scanner import LogScanner
 from streams.table_store import TableStore
 from streams.window import InflightWindow
 from topics import specs
-from topics.commands import command_partition
 from topics.names import split_window_key
+from topics.partitions import command_partition
 
 _scanner = LogScanner(settings, definitions)
 on_window_dropped.append(_scanner.release)

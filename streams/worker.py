@@ -10,8 +10,9 @@ from topics.connection import parse_connection_string
 
 def run_worker(connection_string: str, data_dir: str | Path = "data/engine",
                web_port: int | None = None, loglevel: str = "info") -> None:
-    """Run the Faust worker of the namespace until stopped (``streams.app``
-    provisions the namespace's topics first).
+    """Run the Faust worker of the namespace until stopped (:mod:`streams.app`
+    provisions the namespace's topics first; :mod:`streams.engine` registers
+    the agents and timers).
 
     Several workers of one namespace share its engine partitions; each needs its
     own ``data_dir`` (RocksDB holds a lock on it).
@@ -25,6 +26,6 @@ def run_worker(connection_string: str, data_dir: str | Path = "data/engine",
     # a worker needs them, and streams.app reads the environment set above on import.
     import faust
 
-    from streams.app import app
+    from streams.engine import app
 
     faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()

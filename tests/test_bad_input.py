@@ -18,12 +18,12 @@ from topics.commands import (
     Command,
     ReplyAddress,
     StatsArgs,
-    command_partition,
     decode_reply,
     encode_command,
 )
 from topics.errors import ErrorCode
 from topics.offsets import log_end_offsets
+from topics.partitions import command_partition
 
 
 def raw_producer(client: ServiceBusClient) -> Producer:

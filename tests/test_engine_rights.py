@@ -18,8 +18,8 @@ from settlement.management import ServiceBusAdministrationClient
 from settlement.receiver import ServiceBusReceiver
 from tests.wire_commands import call_raw, raw_command
 from topics import names
-from topics.commands import command_partition
 from topics.errors import ErrorCode
+from topics.partitions import command_partition
 
 
 def send(client: ServiceBusClient, queue: str, count: int) -> None:

@@ -80,14 +80,14 @@ def test_two_workers_share_the_namespace_and_survive_one_stopping(
 
 
 def test_faust_cli_runs_the_same_engine(broker: Broker, tmp_path: Path) -> None:
-    """``faust -A streams.app worker`` is the same engine as ``settlement worker``."""
+    """``faust -A streams.engine worker`` is the same engine as ``settlement worker``."""
     conn = broker.connection_string(f"faust{uuid.uuid4().hex[:6]}")
     env = {**os.environ, "SETTLEMENT_CONNECTION_STRING": conn,
            "SETTLEMENT_DATA_DIR": str(tmp_path / "rocks")}
     faust_bin = Path(sys.executable).with_name("faust")
     log_path = tmp_path / "faust.log"
     with open(log_path, "wb") as out:
-        proc = subprocess.Popen([str(faust_bin), "-A", "streams.app", "worker", "-l", "info"],
+        proc = subprocess.Popen([str(faust_bin), "-A", "streams.engine", "worker", "-l", "info"],
                                 env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60

@@ -16,7 +16,7 @@ from confluent_kafka import Producer
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusReceivedMessage
 from settlement.management import ServiceBusAdministrationClient
 from topics import names, specs
-from topics.commands import command_partition
+from topics.partitions import command_partition
 
 SEED = 20261122
 RECORDS = 3000

@@ -1,17 +1,21 @@
-"""The client library stands apart from its apps, and its modules import
-each other in one direction. No broker: the first tests import the public
-API in a fresh interpreter (nothing else imported before), the last reads
-the import statements of the source."""
+"""The layers of docs/architecture.md, beside the import contracts that
+``make lint`` checks. No broker: the first tests import the public API in a
+fresh interpreter (nothing else imported before); the others read the
+import graph of the source (grimp, import-linter's), where a contract
+cannot say it: no module circle across packages (``acyclic_siblings`` sees
+those inside one), and no private client module (``settlement._*``, a
+pattern import-linter's wildcards cannot spell) imported by the engine or
+Spark."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,63 +38,68 @@ def test_the_public_api_loads_no_app(module: str) -> None:
             or m in APPS] == []
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _imports(path: Path, modules: set[str]) -> set[str]:
-    """The project's modules ``path`` imports, wherever the import statement
-    stands (inside a function or an ``if TYPE_CHECKING:`` too). As grimp
-    counts them: ``from package import module`` imports the module, not the
-    package's ``__init__`` (which every submodule's import runs first)."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            named = {f"{node.module}.{alias.name}" for alias in node.names}
-            found.update(named & modules)
-            if named - modules:  # names defined in the module itself
-                found.add(node.module)
-    return found & modules
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+def circles(graph: grimp.ImportGraph) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
-    cycles: list[list[str]] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
 
     def visit(module: str) -> None:
         index[module] = low[module] = len(index)
         stack.append(module)
-        for imported in sorted(graph[module]):
+        on_stack.add(module)
+        for imported in graph.find_modules_directly_imported_by(module):
             if imported not in index:
                 visit(imported)
                 low[module] = min(low[module], low[imported])
-            elif imported in stack:
+            elif imported in on_stack:
                 low[module] = min(low[module], index[imported])
         if low[module] == index[module]:
             component = []
             while True:
                 member = stack.pop()
+                on_stack.discard(member)
                 component.append(member)
                 if member == module:
                     break
             if len(component) > 1:
-                cycles.append(sorted(component))
+                found.append(sorted(component))
 
-    for module in sorted(graph):
+    for module in sorted(graph.modules):
         if module not in index:
             visit(module)
-    return cycles
+    return found
 
 
-def test_no_import_circles_through_the_client_or_its_apps() -> None:
-    paths = {_module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
-    graph = {name: _imports(path, set(paths)) - {name} for name, path in paths.items()}
-    ours = [c for c in _cycles(graph)
-            if any(m.startswith("settlement") or m in ("spark.cli", "streams.worker") for m in c)]
-    assert ours == []
+def graph() -> grimp.ImportGraph:
+    return grimp.build_graph(*PACKAGES, cache_dir=None)
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    assert circles(graph()) == []
+
+
+def test_a_circle_is_found() -> None:
+    made = grimp.ImportGraph()
+    for importer, imported in (("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")):
+        made.add_import(importer=importer, imported=imported)
+    assert circles(made) == [["a", "b", "c"]]
+
+
+def private(module: str) -> bool:
+    return module.startswith("settlement.") and any(
+        part.startswith("_") and not part.startswith("__") for part in module.split(".")[1:])
+
+
+def test_the_engine_and_spark_import_no_private_client_module() -> None:
+    imports = graph()
+    found = sorted(f"{importer} -> {imported}"
+                   for package in ("streams", "spark")
+                   for importer in imports.find_descendants(package)
+                   for imported in imports.find_modules_directly_imported_by(importer)
+                   if private(imported))
+    assert found == []
+    assert private("settlement._engine_link") and private("settlement.aio._client")
+    assert not private("settlement.management") and not private("settlement.__init__")

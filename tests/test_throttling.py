@@ -28,9 +28,10 @@ from settlement.exceptions import QuotaExceededError, ServerBusyError
 from settlement.management import ServiceBusAdministrationClient
 from streams.throttle import REPORT_EVERY_S, CommandThrottle, TokenBucket
 from topics import names, specs
-from topics.commands import Command, command_partition, decode_command
+from topics.commands import Command, decode_command
 from topics.connection import parse_connection_string
 from topics.offsets import log_end_offsets, take
+from topics.partitions import command_partition
 
 KB = 1000
 #: a send of this much passes a 1 MB quota once 900 KB are in

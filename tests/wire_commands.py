@@ -20,9 +20,9 @@ from topics.commands import (
     Command,
     Reply,
     ReplyAddress,
-    command_partition,
     decode_command,
 )
+from topics.partitions import command_partition
 
 
 def raw_command(op: str, cmd_id: str, entity: str, partition: int, fields: dict[str, Any],

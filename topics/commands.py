@@ -1,7 +1,7 @@
 """Wire format of the commands clients send to the engine and of its replies.
 
 One JSON object per record. Commands go to ``NS.__commands`` keyed by window
-key (``entity#partition``) on the partition :func:`command_partition` gives, so
+key (``entity#partition``) on the partition :func:`topics.partitions.command_partition` gives, so
 every command of a window lands on the engine partition that owns it. Replies
 go to ``NS.__replies`` on the partition the command names, keyed by client id.
 
@@ -79,13 +79,10 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any, ClassVar, Generic, Self, TypeVar
-
-from confluent_kafka.cimpl import murmur2
 
 from topics.errors import ErrorCode
 from topics.rule_set import RuleSpec, selects_everything
@@ -632,18 +629,6 @@ def acquire_result(grants: list[Grant], next_offset: int, batch: int | None = No
     if batch is not None:
         result["batch"] = batch
     return result
-
-
-def command_partition(window_key: str, partitions: int) -> int:
-    """The commands-topic partition of a window; clients and engine agree on it."""
-    return zlib.crc32(window_key.encode()) % partitions
-
-
-def session_partition(session_id: str, partitions: int) -> int:
-    """The partition a session's messages are in: Kafka's murmur2 partitioner
-    on the session id, the key senders give them (as Java clients do by
-    default, and confluent-kafka with ``partitioner=murmur2_random``)."""
-    return int(murmur2(session_id.encode(), partitions)) if partitions > 1 else 0
 
 
 def encode_command(cmd: Command[ClientArgs]) -> bytes:
