@@ -201,7 +201,7 @@ class EngineLink:
             self._producer.produce(
                 self._commands_topic, encode_command(cmd), key=cmd.window_key.encode(),
                 partition=command_partition(cmd.window_key, self._engine_partitions),
-                on_delivery=lambda err, _msg: err and self._fail(cmd.id, err),
+                on_delivery=lambda err, _msg: self._delivered(cmd.id, err),
             )
         except BufferError:
             self._producer.poll(0.1)
@@ -209,7 +209,10 @@ class EngineLink:
         self._producer.poll(0)
         return fut
 
-    def _fail(self, cmd_id: str, err: KafkaError) -> None:
+    def _delivered(self, cmd_id: str, err: KafkaError | None) -> None:
+        """Fail the command's call if the command could not be sent."""
+        if err is None:
+            return
         with self._lock:
             fut = self._waiting.pop(cmd_id, None)
         if fut is not None and not fut.done():

@@ -17,6 +17,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from settlement._positions import offset_of
 from settlement.exceptions import (
     MessagingEntityNotFoundError,
     ServiceBusConnectionError,
@@ -155,13 +156,14 @@ class EntityRegistry:
             for record in take(consumer, 1000, 0.1):
                 if record.error():
                     continue
-                self._position = record.offset() + 1
+                self._position = offset_of(record) + 1
                 name = (record.key() or b"").decode(errors="replace")
-                if record.value() is None:
+                value = record.value()
+                if value is None:
                     found.pop(name, None)
                     continue
                 try:
-                    found[name] = load_definition(record.value())
+                    found[name] = load_definition(value)
                 except (ValueError, KeyError, TypeError) as exc:
                     log.warning("ignoring unreadable definition of %r: %s", name, exc)
 
@@ -213,7 +215,7 @@ class EntityRegistry:
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is None:
-                written.append(msg.offset())
+                written.append(offset_of(msg))
             else:
                 errors.append(err)
 

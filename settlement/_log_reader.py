@@ -16,6 +16,7 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from settlement._positions import offset_of
 from settlement.exceptions import ServiceBusCommunicationError, denied
 from topics.connection import ConnectionSettings
 from topics.names import entity_of_log
@@ -86,10 +87,11 @@ class PartitionReader:
                 self._seek(wanted[0])
             want = set(wanted)
             for record in self._take(take(self._consumer, min(len(wanted) + 50, 5000), 0.05)):
-                if record.offset() in want:
-                    found[record.offset()] = record
-                elif record.offset() > wanted[0] and len(self._ahead) < _AHEAD_LIMIT:
-                    self._ahead[record.offset()] = record
+                offset = offset_of(record)
+                if offset in want:
+                    found[offset] = record
+                elif offset > wanted[0] and len(self._ahead) < _AHEAD_LIMIT:
+                    self._ahead[offset] = record
             # Offsets passed without a record are gaps: they hold nothing.
             for o in wanted:
                 if o not in found and o < self._position:
@@ -113,7 +115,7 @@ class PartitionReader:
                     raise ServiceBusCommunicationError(
                         f"reading {self._tp.topic}[{self._tp.partition}] failed: {err.str()}")
                 continue
-            self._position = record.offset() + 1
+            self._position = offset_of(record) + 1
             good.append(record)
         self._refresh_hw()
         return good

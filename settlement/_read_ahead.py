@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
 #: the smallest batch that reads ahead: a busy queue drained in batches
@@ -30,7 +30,7 @@ MIN_BATCH = 100
 M = TypeVar("M")
 
 
-class ReadAhead:
+class ReadAhead(Generic[M]):
     """At most one batch acquired ahead of the application."""
 
     def __init__(self, fetch: Callable[[int], list[M]], release: Callable[[list[M]], None]

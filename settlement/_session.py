@@ -111,8 +111,10 @@ class ServiceBusSession:
         """Extend the session lock (and the locks of its received messages) by
         the entity's lock duration; returns the new end."""
         refuse("renew_lock", kwargs)
-        self._until = utc_from_ms(self._call(RenewSessionArgs, timeout)["until"])
-        return self._until
+        until = utc_from_ms(self._call(RenewSessionArgs, timeout)["until"])
+        assert until is not None, "the engine's renewal reply carries the lock's new end"
+        self._until = until
+        return until
 
     # ------------------------------------------------------------- internals
     def open(self) -> None:
@@ -145,9 +147,11 @@ class ServiceBusSession:
         if result["session"] is None:
             return False
         if result.get("taken"):
+            taken_until = utc_from_ms(result["until"])
+            assert taken_until is not None, "the engine says until when a taken session is locked"
             raise SessionCannotBeLockedError(
                 f"session {result['session']!r} of {self._entity} is locked by another "
-                f"receiver until {utc_from_ms(result['until']).isoformat()}: try again "
+                f"receiver until {taken_until.isoformat()}: try again "
                 "when it closes, or receive NEXT_AVAILABLE_SESSION")
         self._session_id, self._token = result["session"], result["token"]
         self._until = utc_from_ms(result["until"])

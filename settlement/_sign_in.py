@@ -38,7 +38,10 @@ def check_sign_in(settings: ConnectionSettings, timeout: float = 10.0) -> None:
             refusals.append(error)
 
     # log_level 0: the refusal is raised below, not logged once per attempt
-    admin = AdminClient({**settings.kafka_config(), "error_cb": on_error, "log_level": 0})
+    # (confluent-kafka annotates AdminClient's config without the callbacks it takes)
+    admin = AdminClient({**settings.kafka_config(),
+                         "error_cb": on_error,  # type: ignore[dict-item]
+                         "log_level": 0})
     deadline = time.monotonic() + timeout
     while True:
         try:

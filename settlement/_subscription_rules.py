@@ -15,6 +15,7 @@ import time
 from confluent_kafka import Message
 
 from settlement._entities import EntityRegistry
+from settlement._positions import position_of
 from settlement.message import ReceivedProperties, ServiceBusReceivedMessage
 from topics.message_record import MalformedRecord, filter_properties
 from topics.rule_set import RuleSet
@@ -47,8 +48,7 @@ class SubscriptionRules:
             return
         try:
             system, user = filter_properties(record.value(), record.headers(),
-                                             record.timestamp()[1], record.partition(),
-                                             record.offset())
+                                             record.timestamp()[1], *position_of(record))
         except MalformedRecord:
             return
         view = MessageView(system, user)

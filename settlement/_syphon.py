@@ -24,6 +24,7 @@ from typing import Protocol
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from settlement import _backlog as backlog
+from settlement._positions import offset_of
 from settlement.exceptions import ServiceBusError
 from settlement.message import ServiceBusReceivedMessage, copy_message
 from settlement.receiver import ServiceBusReceiver
@@ -222,7 +223,7 @@ class LandedIds:
                     starts[partition] = min(starts.get(partition, offset), offset)
                     continue
                 by_time.add(partition)
-                first_try = int(props.get(backlog.FIRST_TRY_MS, 0))
+                first_try = int(props.get(backlog.FIRST_TRY_MS) or 0)
                 since_ms = first_try if since_ms is None else min(since_ms, first_try)
         missing = sorted(by_time)
         if missing and since_ms is not None:
@@ -252,7 +253,7 @@ class LandedIds:
             for record in take(consumer, 1000, 0.5):
                 if record.error():
                     continue
-                position = record.offset() + 1
+                position = offset_of(record) + 1
                 ids.update(replay_ids(record.headers()))
         if position < end:
             raise ServiceBusError(f"could not read {topic}[{partition}] up to {end} to find "

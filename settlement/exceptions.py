@@ -37,6 +37,8 @@ class ServiceBusError(Exception):
     retryable_default = False
     #: the HTTP status of the SDK's azure-core error of the same kind, if any
     _status_code: int | None = None
+    #: set only on the errors that are also azure-core's (which declares it so)
+    status_code: int | None
 
     def __init__(self, message: str, *, error_code: str | None = None,
                  tracking_id: str | None = None, retryable: bool | None = None) -> None:

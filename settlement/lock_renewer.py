@@ -112,6 +112,7 @@ class AutoLockRenewer:
         however many messages are due. Returns the messages whose renewal failed."""
         receiver = group[0][0]
         messages = [message for _, message, _ in group]
+        results: list[ServiceBusError | ValueError | None]
         try:
             results = [r.error for r in receiver.settle_messages(messages, "renew")]
         except (ServiceBusError, ValueError) as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from settlement.amqp import AmqpMessageBodyType
@@ -32,7 +32,7 @@ class ServiceBusMessage:
         self,
         body: str | bytes | None,
         *,
-        application_properties: dict[str, PropertyValue] | None = None,
+        application_properties: Mapping[str, PropertyValue] | None = None,
         session_id: str | None = None,
         message_id: str | None = None,
         scheduled_enqueue_time_utc: dt.datetime | None = None,
@@ -105,7 +105,7 @@ class ReceivedProperties(dict[str, Any]):
             return value.encode() if isinstance(value, str) else value
         return super().__getitem__(key)
 
-    def get(self, key: str | bytes, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: str | bytes, default: Any = None) -> Any:
         try:
             return self[key]
         except KeyError:

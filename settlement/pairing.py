@@ -33,6 +33,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from settlement._backlog import backlog_copy, destination
+from settlement._positions import offset_of
 from settlement._syphon import NamespaceClient, Syphon
 from settlement.exceptions import (
     MessagingEntityNotFoundError,
@@ -359,7 +360,7 @@ def read_status(secondary: ConnectionSettings, primary_namespace: str) -> list[d
     ``primary_namespace``, as its paired clients last published them."""
     topic = names.pairing(secondary.namespace)
     consumer = Consumer(secondary.consumer_config(f"pair-status-{uuid.uuid4().hex}"))
-    latest: dict[bytes, dict[str, object]] = {}
+    latest: dict[bytes | None, dict[str, object]] = {}
     deadline = time.monotonic() + 30
     try:
         try:
@@ -372,7 +373,7 @@ def read_status(secondary: ConnectionSettings, primary_namespace: str) -> list[d
             for record in consumer.consume(500, timeout=1.0):
                 if record.error():
                     continue
-                position = record.offset() + 1
+                position = offset_of(record) + 1
                 value = record.value()
                 if value is None:
                     latest.pop(record.key(), None)

@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -326,7 +326,7 @@ class ServiceBusReceiver:
             default = self._props.default_message_time_to_live
             message.time_to_live = min(message.time_to_live or default, default)
 
-    def __iter__(self) -> Iterator[ServiceBusReceivedMessage]:
+    def __iter__(self) -> Generator[ServiceBusReceivedMessage, None, None]:
         """Messages as they come; stops after ``max_wait_time`` without one.
 
         Without a ``prefetch_count``, the loop locks one message at a time
@@ -583,7 +583,8 @@ class ServiceBusReceiver:
 
 def _deadline(timeout: float | None) -> float | None:
     """When a call given the SDK's ``timeout=`` keyword must be done."""
-    return None if check_timeout(timeout) is None else time.monotonic() + timeout
+    checked = check_timeout(timeout)
+    return None if checked is None else time.monotonic() + checked
 
 
 def _left(deadline: float | None, default: float) -> float:

@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from settlement import message_records
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
+from settlement._positions import position_of
 from settlement._quota import QuotaGuard
 from settlement._retry import RetryPolicy
 from settlement.batch import ServiceBusMessageBatch
@@ -277,9 +278,9 @@ class ServiceBusSender:
                     if err is not None:
                         errors.append(err)
                     else:
-                        delivery.placed[index] = (msg.partition(), msg.offset())
+                        partition, offset = delivery.placed[index] = position_of(msg)
                         delivery.stamps[index] = msg.timestamp()[1]
-                        self.acked[msg.partition()] = msg.offset()
+                        self.acked[partition] = offset
                     remaining[0] -= 1
                     if remaining[0] == 0:
                         done.set()
@@ -324,7 +325,10 @@ class ServiceBusSender:
                  headers: list[tuple[str, bytes]], callback: Any) -> None:
         while True:
             try:
-                producer.produce(self._topic, value, key=key, headers=headers,
+                producer.produce(self._topic, value, key=key,
+                                 # confluent-kafka's stubs take an invariant List of str,
+                                 # bytes or None values; a list of bytes values is one
+                                 headers=headers,  # type: ignore[arg-type]
                                  on_delivery=callback)
                 return
             except BufferError:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from settlement import (
     ServiceBusClient,
     ServiceBusMessage,
+    ServiceBusReceivedMessage,
+    ServiceBusReceiver,
     ServiceBusSubQueue,
 )
 from settlement._engine_link import EngineLink
@@ -27,7 +29,8 @@ DEAD = 30_000
 BATCH = 1_000
 
 
-def _receive_all(receiver, want: int, settle: Callable[[list], None]) -> int:  # type: ignore[no-untyped-def]
+def _receive_all(receiver: ServiceBusReceiver, want: int,
+                 settle: Callable[[list[ServiceBusReceivedMessage]], None]) -> int:
     done = 0
     while done < want:
         batch = receiver.receive_messages(BATCH, max_wait_time=5)
@@ -111,7 +114,7 @@ def test_state_too_large_to_store_is_refused_and_the_worker_goes_on(
     reason, description = "r" * 4_000, "x" * 4_000
     refused: list[ServiceBusError] = []
     with client.get_queue_receiver(queue) as receiver:
-        messages = []
+        messages: list[ServiceBusReceivedMessage] = []
         while len(messages) < 128:
             messages += receiver.receive_messages(128 - len(messages), max_wait_time=5)
         for message in messages:

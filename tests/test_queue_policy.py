@@ -9,12 +9,13 @@ from collections.abc import Callable
 
 import pytest
 
-from settlement import ServiceBusClient, ServiceBusMessage
+from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusReceivedMessage
 from settlement.management import ServiceBusAdministrationClient
 
 
-def _lock_seconds(message: object) -> float:
-    until = message.locked_until_utc  # type: ignore[attr-defined]
+def _lock_seconds(message: ServiceBusReceivedMessage) -> float:
+    until = message.locked_until_utc
+    assert until is not None, "a message received in peek-lock mode is locked until a time"
     return (until - dt.datetime.now(dt.UTC)).total_seconds()
 
 

@@ -147,7 +147,7 @@ def test_quota_and_limit_must_be_positive_whole_numbers(
         admin.create_topic(queue_name, max_size_in_megabytes=-1)
     for wrong in (0, -5, 2.5, "10", True):
         with pytest.raises(ValueError, match="max_commands_per_second"):
-            admin.update_namespace_properties(max_commands_per_second=wrong)  # type: ignore
+            admin.update_namespace_properties(max_commands_per_second=wrong)  # type: ignore[arg-type]  # wrong on purpose
 
 
 # ------------------------------------------------------------ namespace limit

@@ -447,7 +447,9 @@ class Demo:
         for _ in CARTS:
             with self.client.get_queue_receiver(SESSION_QUEUE, session_id=NEXT_AVAILABLE_SESSION,
                                                 max_wait_time=WAIT_S) as receiver:
-                cart = str(receiver.session.session_id)
+                session = receiver.session
+                assert session is not None, "a NEXT_AVAILABLE_SESSION receiver holds a session"
+                cart = str(session.session_id)
                 try:
                     self.client.get_queue_receiver(SESSION_QUEUE, session_id=cart).__enter__()
                     self.expect(False, f"a second receiver locked the held session {cart!r}")
@@ -455,9 +457,9 @@ class Demo:
                     pass
                 got = receive_count(receiver, len(CARTS.get(cart, [])))
                 receiver.complete_messages(got)
-                receiver.session.set_state(f"{len(got)} steps done".encode())
+                session.set_state(f"{len(got)} steps done".encode())
                 steps = [str(m) for m in got]
-                self.session_outcomes[cart] = (steps, receiver.session.get_state())
+                self.session_outcomes[cart] = (steps, session.get_state())
             self.expect(steps == CARTS.get(cart), f"session {cart!r} got {steps}, "
                         f"expected {CARTS.get(cart)} in that order")
             log.info("  %s received %s", cart, " -> ".join(steps))

@@ -87,5 +87,7 @@ def _offsets_in_play(link: EngineLink, props: Receivable, partition: int, hw: in
 
 def _size(record: Message) -> int:
     headers = record.headers() or []
+    # confluent-kafka types headers as a list or a dict; a consumed record's are a list
+    pairs = headers.items() if isinstance(headers, dict) else headers
     return (len(record.key() or b"") + len(record.value() or b"")
-            + sum(len(k) + len(v or b"") for k, v in headers))
+            + sum(len(k) + len(v or b"") for k, v in pairs))

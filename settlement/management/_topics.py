@@ -54,8 +54,11 @@ class TopicAdministration:
     """The topic half of :class:`ServiceBusAdministrationClient`."""
 
     _settings: ConnectionSettings
-    _registry: EntityRegistry
     _admin: AdminClient
+
+    @property
+    def _registry(self) -> EntityRegistry:
+        raise NotImplementedError
 
     def _provision(self, topics: list[specs.TopicSpec]) -> None:
         raise NotImplementedError
