@@ -335,6 +335,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     server = make_server(args.sink, args.host, args.port, args.refresh)
     host, port = server.server_address[:2]
+    # typeshed allows bytes for the host of any socket family; an HTTP server's is a str.
+    assert isinstance(host, str), f"an AF_INET server bound to {host!r}"
     log.info("dashboard of %s on http://%s:%s/", args.sink, host, port)
     print(f"dashboard: http://{host}:{port}/ (metrics from {Path(args.sink).resolve()}; "
           "Ctrl-C stops)")

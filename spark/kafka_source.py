@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -118,12 +118,20 @@ class _KafkaReading:
             position = partition.start
             while position < partition.end:
                 records = [r for r in take(consumer, 2000, 1.0)
-                           if r.error() is None and r.offset() < partition.end]
+                           if r.error() is None and _offset(r) < partition.end]
                 if records:
-                    position = records[-1].offset() + 1
+                    position = _offset(records[-1]) + 1
                     yield _arrow_batch(records)
         finally:
             consumer.close()
+
+
+
+def _offset(record: Message) -> int:
+    offset = record.offset()
+    # confluent-kafka types it optional for messages not yet produced.
+    assert offset is not None, "a record the consumer fetched has an offset"
+    return offset
 
 
 class KafkaStreamReader(_KafkaReading, DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -29,8 +29,10 @@ def kafka_connector_available(spark: SparkSession) -> bool:
     """Whether Spark can load its Kafka connector: jars of ``spark.jars`` are
     on the context class loader, not on the JVM's own class path."""
     jvm = spark.sparkContext._jvm
+    if jvm is None:  # pyspark types the gateway optional: without one nothing loads
+        return False
     try:
-        jvm.java.lang.Thread.currentThread().getContextClassLoader().loadClass(  # type: ignore[union-attr]
+        jvm.java.lang.Thread.currentThread().getContextClassLoader().loadClass(
             "org.apache.spark.sql.kafka010.KafkaSourceProvider")
         return True
     except Exception:  # py4j raises its own error type for ClassNotFoundException

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -12,6 +13,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from spark.source import COLUMNS, PYTHON_FORMAT, kafka_format, read_kafka_stream
 from tests.helpers import TEST_BROKER, Broker
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -47,17 +51,19 @@ def consumed(broker: Broker, topic: str, partitions: int = 2) -> set[tuple]:
     return rows
 
 
-def run_available_now(spark: object, broker: Broker, topic: str, out: Path,
-                      **options: object) -> list[int]:
+def run_available_now(spark: SparkSession, broker: Broker, topic: str, out: Path, *,
+                      starting_offsets: str = "earliest",
+                      max_offsets_per_trigger: int | None = None) -> list[int]:
     """Stream ``topic`` into Parquet at ``out`` until caught up; micro-batch sizes."""
     sizes: list[int] = []
 
-    def write(batch: object, _batch_id: int) -> None:
-        sizes.append(batch.count())  # type: ignore[attr-defined]
-        batch.write.mode("append").parquet(str(out / "data"))  # type: ignore[attr-defined]
+    def write(batch: DataFrame, _batch_id: int) -> None:
+        sizes.append(batch.count())
+        batch.write.mode("append").parquet(str(out / "data"))
 
     frame = read_kafka_stream(spark, broker.bootstrap, [topic],
-                              **options)  # type: ignore[arg-type]
+                              starting_offsets=starting_offsets,
+                              max_offsets_per_trigger=max_offsets_per_trigger)
     query = (frame.writeStream.foreachBatch(write)
              .option("checkpointLocation", str(out / "checkpoint"))
              .trigger(availableNow=True).start())
@@ -65,26 +71,26 @@ def run_available_now(spark: object, broker: Broker, topic: str, out: Path,
     return sizes
 
 
-def rows_of(spark: object, out: Path) -> list[tuple]:
-    frame = spark.read.parquet(str(out / "data"))  # type: ignore[attr-defined]
+def rows_of(spark: SparkSession, out: Path) -> list[tuple]:
+    frame = spark.read.parquet(str(out / "data"))
     return [(r.partition, r.offset, bytes(r.key), bytes(r.value),
              tuple((h.key, bytes(h.value)) for h in r.headers)) for r in frame.collect()]
 
 
 def test_the_source_reads_what_a_plain_consumer_reads(
-        spark: object, broker: Broker, tmp_path: Path) -> None:
+        spark: SparkSession, broker: Broker, tmp_path: Path) -> None:
     expected = "kafka" if TEST_BROKER == "kafka" else PYTHON_FORMAT
-    assert kafka_format(spark, broker.bootstrap) == expected  # type: ignore[arg-type]
+    assert kafka_format(spark, broker.bootstrap) == expected
     topic = make_topic(broker, 300)
     run_available_now(spark, broker, topic, tmp_path)
     rows = rows_of(spark, tmp_path)
     assert len(rows) == 300 and set(rows) == consumed(broker, topic)
-    columns = spark.read.parquet(str(tmp_path / "data")).columns  # type: ignore[attr-defined]
+    columns = spark.read.parquet(str(tmp_path / "data")).columns
     assert columns == COLUMNS
 
 
 def test_restart_from_checkpoint_reads_on_without_loss_or_double_reads(
-        spark: object, broker: Broker, tmp_path: Path) -> None:
+        spark: SparkSession, broker: Broker, tmp_path: Path) -> None:
     topic = make_topic(broker, 120)
     run_available_now(spark, broker, topic, tmp_path)
     produce(broker, topic, 120, 80)
@@ -94,14 +100,14 @@ def test_restart_from_checkpoint_reads_on_without_loss_or_double_reads(
 
 
 def test_max_offsets_per_trigger_caps_each_micro_batch(
-        spark: object, broker: Broker, tmp_path: Path) -> None:
+        spark: SparkSession, broker: Broker, tmp_path: Path) -> None:
     topic = make_topic(broker, 200)
     sizes = run_available_now(spark, broker, topic, tmp_path, max_offsets_per_trigger=50)
     assert sum(sizes) == 200 and max(sizes) <= 50 and len(sizes) >= 4
 
 
 def test_starting_offsets_latest_skips_what_is_there(
-        spark: object, broker: Broker, tmp_path: Path) -> None:
+        spark: SparkSession, broker: Broker, tmp_path: Path) -> None:
     topic = make_topic(broker, 50)
     sizes = run_available_now(spark, broker, topic, tmp_path, starting_offsets="latest")
     assert sum(sizes) == 0

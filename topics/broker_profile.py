@@ -88,7 +88,9 @@ def detect(config: dict[str, object]) -> BrokerProfile:
 
 
 def _ask(config: dict[str, object]) -> BrokerProfile | None:
-    admin = AdminClient(config)
+    # confluent-kafka types conf values as str, int, float or bool, but the
+    # client also takes a logger (kafka_config's "logger") and callbacks.
+    admin = AdminClient(config)  # type: ignore[arg-type]
     try:
         metadata = admin.list_topics(timeout=_DETECT_TIMEOUT_S)
         broker_id = str(min(metadata.brokers))

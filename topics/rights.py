@@ -29,6 +29,8 @@ one entity from reading another's messages is the log's READ ACL.
 
 from __future__ import annotations
 
+from enum import Enum
+
 from confluent_kafka.admin import (
     AclBinding,
     AclOperation,
@@ -127,6 +129,13 @@ def _expand(principal: str, bindings: list[tuple[ResourceType, str, ResourcePatt
 
 def describe(binding: AclBinding) -> str:
     """One line per ACL, as ``kafka-acls.sh --list`` would group it."""
-    return (f"{binding.principal} {binding.permission_type.name} "
-            f"{binding.operation.name} on {binding.restype.name} "
-            f"{binding.resource_pattern_type.name} {binding.name!r}")
+    return (f"{binding.principal} {_enum_name(binding.permission_type)} "
+            f"{_enum_name(binding.operation)} on {_enum_name(binding.restype)} "
+            f"{_enum_name(binding.resource_pattern_type)} {binding.name!r}")
+
+
+def _enum_name(value: Enum | str | int) -> str:
+    # AclBinding turns its str and int arguments into the enums when it is
+    # built, but confluent-kafka types its attributes as the arguments' union.
+    assert isinstance(value, Enum), f"AclBinding left {value!r} unconverted"
+    return value.name

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, TopicMetadata
 
 from topics import names
 
@@ -104,7 +104,8 @@ def provision(admin: AdminClient, specs: list[TopicSpec], replication_factor: in
             )
 
 
-def _wait_for_leaders(admin: AdminClient, specs: list[TopicSpec], timeout: float) -> dict:
+def _wait_for_leaders(admin: AdminClient, specs: list[TopicSpec], timeout: float
+                      ) -> dict[str, TopicMetadata]:
     """Metadata of ``specs`` once every partition of each has a leader: on a
     cluster a new topic reaches the other brokers' metadata a moment after
     CreateTopics returns, and clients that ask too early see no partitions."""

@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lark import Tree
+from lark import ParseTree, Token, Tree
 
 from topics.rules.sql import (
     SYSTEM_ALIASES,
@@ -53,6 +53,10 @@ from topics.rules.sql import (
 
 Evaluate = Callable[[MessageView], Any]
 Statement = Callable[[MessageView, dict[str, Any]], None]
+# A child in the parse tree: a token or a subtree as lark's types say, or None
+# where the rule leaves out an optional part of the grammar ([NOT], [ESCAPE
+# pattern], a property's scope), as the parser runs with maybe_placeholders.
+_Child = Token | ParseTree | None
 
 # Static kinds of a node; UNKNOWN means only a message can tell (a property).
 BOOLEAN, NUMBER, STRING, NULL, UNKNOWN = "boolean", "number", "string", "null", "unknown"
@@ -112,9 +116,9 @@ def _describe(value: Any) -> str:
     """A value as error messages show it: its kind, then SQL-style literal."""
     if value is None:
         return "NULL"
-    kind = _kind_of(value)
-    if kind == STRING:
+    if isinstance(value, str):  # the values _kind_of calls STRING
         return "string '" + value.replace("'", "''") + "'"
+    kind = _kind_of(value)
     if kind == BOOLEAN:
         return f"boolean {'TRUE' if value else 'FALSE'}"
     return f"{kind} {value}"
@@ -198,7 +202,20 @@ def compile_action(expression: str, parameters: Mapping[str, Any] | None = None
     Actions change application properties only. Raises :class:`SqlSyntaxError`."""
     tree = parse(expression, "actions")
     compiler = _Compiler(expression, parameters)
-    return CompiledAction(expression, [compiler.statement(child) for child in tree.children])
+    return CompiledAction(expression,
+                          [compiler.statement(_subtree(child)) for child in tree.children])
+
+
+def _subtree(child: _Child) -> ParseTree:
+    """``child`` where the grammar puts a rule (a subtree), not a token."""
+    assert isinstance(child, Tree), f"the grammar has a subtree here, not {child!r}"
+    return child
+
+
+def _token(child: _Child) -> Token:
+    """``child`` where the grammar puts a token that the rule cannot leave out."""
+    assert isinstance(child, Token), f"the grammar has a token here, not {child!r}"
+    return child
 
 
 def _constant(value: Any, text: str, position: int) -> _Node:
@@ -223,11 +240,11 @@ class _Compiler:
     def error(self, position: int, reason: str) -> SqlSyntaxError:
         return SqlSyntaxError(self.source, position, reason)
 
-    def span(self, tree: Tree) -> tuple[str, int]:
+    def span(self, tree: ParseTree) -> tuple[str, int]:
         """The source text of a tree and where it starts."""
         return self.source[tree.meta.start_pos:tree.meta.end_pos], tree.meta.start_pos
 
-    def built(self, tree: Tree, evaluate: Evaluate, kind: str, operands: list[_Node]) -> _Node:
+    def built(self, tree: ParseTree, evaluate: Evaluate, kind: str, operands: list[_Node]) -> _Node:
         """The node for ``evaluate``; folded into a constant when it has
         operands, they are all constants and it succeeds on them (a failure,
         such as ``1/0``, is left to happen when a message is evaluated, as
@@ -240,8 +257,11 @@ class _Compiler:
                 pass
         return _Node(evaluate, text, position, kind)
 
-    def node(self, tree: Tree) -> _Node:
-        return getattr(self, f"_{tree.data}")(tree)
+    def node(self, child: _Child) -> _Node:
+        """The node of a subtree, compiled by the method named after its rule."""
+        tree = _subtree(child)
+        compile_rule: Callable[[ParseTree], _Node] = getattr(self, f"_{tree.data}")
+        return compile_rule(tree)
 
     def condition(self, node: _Node, role: str) -> _Node:
         """``node`` as an operand that must be TRUE, FALSE or UNKNOWN."""
@@ -262,7 +282,7 @@ class _Compiler:
 
         return _Node(condition, node.text, node.position, BOOLEAN)
 
-    def operand(self, tree: Tree, operator_text: str) -> _Node:
+    def operand(self, tree: _Child, operator_text: str) -> _Node:
         """An operand of arithmetic, which cannot be a condition."""
         node = self.node(tree)
         if node.kind == BOOLEAN:
@@ -272,8 +292,8 @@ class _Compiler:
 
     # -- statements ------------------------------------------------------------
 
-    def statement(self, tree: Tree) -> Statement:
-        verb, target, *value = tree.children
+    def statement(self, tree: ParseTree) -> Statement:
+        verb, target = _token(tree.children[0]), _subtree(tree.children[1])
         scope, name, _ = self.property_name(target)
         if scope == "sys":
             raise self.error(target.meta.start_pos, f"{verb.upper()} {self.span(target)[0]} is "
@@ -287,7 +307,7 @@ class _Compiler:
                 current.user_index.pop(key, None)
 
             return remove
-        value_of = self.node(value[0]).evaluate
+        value_of = self.node(tree.children[2]).evaluate
 
         def set_(current: MessageView, properties: dict[str, Any]) -> None:
             result = value_of(current)
@@ -299,10 +319,10 @@ class _Compiler:
 
     # -- conditions ------------------------------------------------------------
 
-    def _parenthesized(self, tree: Tree) -> _Node:
+    def _parenthesized(self, tree: ParseTree) -> _Node:
         return self.node(tree.children[1])
 
-    def _or_(self, tree: Tree) -> _Node:
+    def _or_(self, tree: ParseTree) -> _Node:
         left, right = (self.condition(self.node(tree.children[i]), "OR") for i in (0, 2))
         first, second = left.evaluate, right.evaluate
 
@@ -317,7 +337,7 @@ class _Compiler:
 
         return self.built(tree, or_, BOOLEAN, [left, right])
 
-    def _and_(self, tree: Tree) -> _Node:
+    def _and_(self, tree: ParseTree) -> _Node:
         left, right = (self.condition(self.node(tree.children[i]), "AND") for i in (0, 2))
         first, second = left.evaluate, right.evaluate
 
@@ -332,7 +352,7 @@ class _Compiler:
 
         return self.built(tree, and_, BOOLEAN, [left, right])
 
-    def _not_(self, tree: Tree) -> _Node:
+    def _not_(self, tree: ParseTree) -> _Node:
         operand = self.condition(self.node(tree.children[1]), "NOT")
         value_of = operand.evaluate
 
@@ -342,9 +362,9 @@ class _Compiler:
 
         return self.built(tree, not_, BOOLEAN, [operand])
 
-    def _comparison(self, tree: Tree) -> _Node:
+    def _comparison(self, tree: ParseTree) -> _Node:
         left, right = self.node(tree.children[0]), self.node(tree.children[2])
-        symbol = str(tree.children[1].children[0])
+        symbol = str(_subtree(tree.children[1]).children[0])
         compare = _comparer(symbol, self.span(tree)[0])
         first, second = left.evaluate, right.evaluate
 
@@ -359,7 +379,7 @@ class _Compiler:
 
         return self.built(tree, comparison, BOOLEAN, [left, right])
 
-    def _is_null(self, tree: Tree) -> _Node:
+    def _is_null(self, tree: ParseTree) -> _Node:
         operand = self.node(tree.children[0])
         value_of, negated = operand.evaluate, tree.children[2] is not None
 
@@ -368,7 +388,7 @@ class _Compiler:
 
         return self.built(tree, is_null, BOOLEAN, [operand])
 
-    def _in_list(self, tree: Tree) -> _Node:
+    def _in_list(self, tree: ParseTree) -> _Node:
         operand = self.node(tree.children[0])
         items = [self.node(child) for child in tree.children[4:-1]]
         text = self.span(tree)[0]
@@ -411,15 +431,16 @@ class _Compiler:
 
         return self.built(tree, in_items, BOOLEAN, [operand, *items])
 
-    def _like(self, tree: Tree) -> _Node:
+    def _like(self, tree: ParseTree) -> _Node:
         subject, negation, _, pattern_tree, _, escape_tree = tree.children
         operand = self.node(subject)
         pattern = self.like_text(pattern_tree, "LIKE pattern")
         escape = None if escape_tree is None else self.like_text(escape_tree, "ESCAPE")
         if escape is not None and len(escape) != 1:
-            raise self.error(escape_tree.meta.start_pos, f"ESCAPE takes one character, not "
-                                                         f"{len(escape)}: {escape!r}")
-        fullmatch = self.like_regex(pattern, escape, pattern_tree.meta.start_pos).fullmatch
+            raise self.error(_subtree(escape_tree).meta.start_pos,
+                             f"ESCAPE takes one character, not {len(escape)}: {escape!r}")
+        pattern_position = _subtree(pattern_tree).meta.start_pos
+        fullmatch = self.like_regex(pattern, escape, pattern_position).fullmatch
         value_of, negated, text = operand.evaluate, negation is not None, self.span(tree)[0]
 
         def like(view: MessageView) -> bool | None:
@@ -433,7 +454,7 @@ class _Compiler:
 
         return self.built(tree, like, BOOLEAN, [operand])
 
-    def like_text(self, tree: Tree, role: str) -> str:
+    def like_text(self, tree: _Child, role: str) -> str:
         node = self.node(tree)
         if not isinstance(node.value, str):
             raise self.error(node.position, f"{role} must be a string, but {node.text} is "
@@ -460,16 +481,16 @@ class _Compiler:
                 parts.append(re.escape(char))
         return re.compile("".join(parts), re.DOTALL)
 
-    def _exists(self, tree: Tree) -> _Node:
-        target = tree.children[2]
+    def _exists(self, tree: ParseTree) -> _Node:
+        target = _subtree(tree.children[2])
         scope, _, key = self.property_name(target)
         _, present = _accessors(scope, key, self.span(target)[0])
         return self.built(tree, present, BOOLEAN, [])
 
     # -- expressions -----------------------------------------------------------
 
-    def _arithmetic(self, tree: Tree) -> _Node:
-        symbol = str(tree.children[1].children[0])
+    def _arithmetic(self, tree: ParseTree) -> _Node:
+        symbol = str(_subtree(tree.children[1]).children[0])
         left = self.operand(tree.children[0], symbol)
         right = self.operand(tree.children[2], symbol)
         text = self.span(tree)[0]
@@ -497,8 +518,8 @@ class _Compiler:
                 STRING if STRING in kinds and symbol == "+" else UNKNOWN)
         return self.built(tree, arithmetic, kind, [left, right])
 
-    def _signed(self, tree: Tree) -> _Node:
-        symbol = str(tree.children[0].children[0])
+    def _signed(self, tree: ParseTree) -> _Node:
+        symbol = str(_subtree(tree.children[0]).children[0])
         operand = self.operand(tree.children[1], f"unary {symbol}")
         value_of, text = operand.evaluate, self.span(tree)[0]
         negate = symbol == "-"
@@ -514,25 +535,25 @@ class _Compiler:
 
         return self.built(tree, signed, operand.kind, [operand])
 
-    def _number(self, tree: Tree) -> _Node:
+    def _number(self, tree: ParseTree) -> _Node:
         text, position = self.span(tree)
         value = float(text) if any(c in text for c in ".eE") else int(text)
         return _constant(value, text, position)
 
-    def _string(self, tree: Tree) -> _Node:
+    def _string(self, tree: ParseTree) -> _Node:
         text, position = self.span(tree)
         return _constant(text[1:-1].replace("''", "'"), text, position)
 
-    def _true(self, tree: Tree) -> _Node:
+    def _true(self, tree: ParseTree) -> _Node:
         return _constant(True, *self.span(tree))
 
-    def _false(self, tree: Tree) -> _Node:
+    def _false(self, tree: ParseTree) -> _Node:
         return _constant(False, *self.span(tree))
 
-    def _null(self, tree: Tree) -> _Node:
+    def _null(self, tree: ParseTree) -> _Node:
         return _constant(None, *self.span(tree))
 
-    def _parameter(self, tree: Tree) -> _Node:
+    def _parameter(self, tree: ParseTree) -> _Node:
         text, position = self.span(tree)
         name = text[1:].lower()
         if name not in self.parameters:
@@ -545,20 +566,23 @@ class _Compiler:
                                        "a parameter must be a str, int, float, bool or None")
         return _constant(value, text, position)
 
-    def _property(self, tree: Tree) -> _Node:
+    def _property(self, tree: ParseTree) -> _Node:
         scope, _, key = self.property_name(tree)
         text, position = self.span(tree)
         value, _ = _accessors(scope, key, text)
         return _Node(value, text, position, UNKNOWN)
 
-    def property_name(self, tree: Tree) -> tuple[str, str, str]:
+    def property_name(self, tree: ParseTree) -> tuple[str, str, str]:
         """``(scope, name as written, lower-cased name)`` of a property tree."""
-        scope_token, name_token = tree.children
-        scope = "user" if scope_token is None else scope_token.lower()
-        if scope not in ("sys", "user"):
-            raise self.error(scope_token.start_pos or 0,
-                             f"unknown scope {str(scope_token)!r} in {self.span(tree)[0]}; "
-                             "a property is sys.<name>, user.<name> or <name> (user)")
+        scope_token, name_token = tree.children[0], _token(tree.children[1])
+        scope = "user"
+        if scope_token is not None:
+            scope_token = _token(scope_token)
+            scope = scope_token.lower()
+            if scope not in ("sys", "user"):
+                raise self.error(scope_token.start_pos or 0,
+                                 f"unknown scope {str(scope_token)!r} in {self.span(tree)[0]}; "
+                                 "a property is sys.<name>, user.<name> or <name> (user)")
         name = str(name_token)
         if name_token.type == "DELIMITED_IDENTIFIER":
             name = name[1:-1].replace("]]", "]")
@@ -566,9 +590,9 @@ class _Compiler:
             name = name[1:-1].replace('""', '"')
         return scope, name, name.lower()
 
-    def _function(self, tree: Tree) -> _Node:
-        name_token, *rest = tree.children
-        arguments = [self.node(child) for child in rest if isinstance(child, Tree)]
+    def _function(self, tree: ParseTree) -> _Node:
+        name_token = _token(tree.children[0])
+        arguments = [self.node(child) for child in tree.children[1:] if isinstance(child, Tree)]
         name, text = name_token.lower(), self.span(tree)[0]
         arity = {"newid": 0, "property": 1, "p": 1}.get(name)
         if arity is None:

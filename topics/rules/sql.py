@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-from lark import Lark, Tree, UnexpectedCharacters, UnexpectedToken
+from lark import Lark, ParseTree, UnexpectedCharacters, UnexpectedToken
 
 # The properties of a Service Bus message a rule may name as ``sys.<name>``
 # (the BrokeredMessage properties, lower-cased). ``label`` and ``subject`` are
@@ -105,7 +105,7 @@ def _parser() -> Lark:
                 propagate_positions=True, maybe_placeholders=True)
 
 
-def parse(source: str, start: str) -> Tree:
+def parse(source: str, start: str) -> ParseTree:
     """Parse ``source`` as a ``filter`` or as ``actions`` (the grammar's two
     start symbols); lark's errors become :class:`SqlSyntaxError`."""
     try:
@@ -119,7 +119,9 @@ def parse(source: str, start: str) -> Tree:
         reason = f"unexpected {found}; expected " + ", ".join(
             sorted({_terminal_name(t) for t in expected}))
     except UnexpectedCharacters as exc:
-        position = exc.pos_in_stream
+        # lark declares pos_in_stream as `= None` on UnexpectedInput, but the
+        # lexer's UnexpectedCharacters always sets it to the offset (an int).
+        position = exc.pos_in_stream  # type: ignore[assignment]
         reason = (f"unexpected character {source[position]!r}: no token starts with it "
                   "(strings are in 'single quotes', names with spaces in [brackets])")
     raise SqlSyntaxError(source, position, reason) from None
