@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import time
 import uuid
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 from streams.store import MemoryStore
 from streams.window import InflightWindow
@@ -32,6 +34,9 @@ from topics.commands import (
     encode_command,
 )
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.window_cost")
@@ -48,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     now = int(time.time() * 1000)
     commands = 0
 
-    def step(name: str, fn, *a):  # type: ignore[no-untyped-def]
+    def step(name: str, fn: Callable[P, R], *a: P.args, **kw: P.kwargs) -> R:
         t0 = time.perf_counter()
-        out = fn(*a)
+        out = fn(*a, **kw)
         cost[name] += time.perf_counter() - t0
         return out
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from faust.types import TP, EventT, StreamT
+from faust.types import TP, EventT, RecordMetadata, StreamT, TopicT
 
 from streams import sessions
 from streams.app import (
@@ -102,7 +102,7 @@ async def process_commands(stream: StreamT) -> None:
 
 
 @app.on_rebalance_complete.connect
-async def _forget_recovered(sender: object, **_: object) -> None:
+async def _forget_recovered(sender: object, /, *_: object, **__: object) -> None:
     """A window that moved away and back may carry another worker's redo."""
     _recovered.clear()
     _written.clear()
@@ -287,15 +287,23 @@ async def _settle_previous() -> None:
             raise
 
 
-def _publish(outbox: list[dict[str, Any]]) -> list[asyncio.Future]:
-    sent = []
+def _publish(outbox: list[dict[str, Any]]) -> list[asyncio.Future[RecordMetadata]]:
+    sent: list[asyncio.Future[RecordMetadata]] = []
     for record in outbox:
         topic = events_topic if is_event(record) else state_topic
         key = record_key(record)
-        sent.append(asyncio.ensure_future(topic.send(key=key, value=encode_record(record))))
+        sent.append(asyncio.ensure_future(_acknowledged(topic, key, encode_record(record))))
         if record.get("gone"):  # compaction forgets the session
-            sent.append(asyncio.ensure_future(topic.send(key=key, value=None)))
+            sent.append(asyncio.ensure_future(_acknowledged(topic, key, None)))
     return sent
+
+
+async def _acknowledged(topic: TopicT, key: bytes, value: bytes | None) -> RecordMetadata:
+    """Send a record and wait until Kafka has acknowledged it: ``send``
+    returns once the producer has taken the record, with a future of its
+    acknowledgement."""
+    acknowledgement = await topic.send(key=key, value=value)
+    return await acknowledgement
 
 
 async def _recover(raw: bytes, store: TableStore) -> None:

@@ -22,6 +22,7 @@ import uuid
 
 from confluent_kafka import Consumer, TopicPartition
 
+from streams.positions import offset_of
 from topics import names
 from topics.commands import Policy
 from topics.connection import ConnectionSettings
@@ -122,8 +123,9 @@ class Definitions:
             for record in records:
                 if record.error():
                     continue
-                self._apply(record.key(), record.value(), record.offset())
-                self._position = record.offset() + 1
+                offset = offset_of(record)
+                self._apply(record.key(), record.value(), offset)
+                self._position = offset + 1
             if not records:
                 self._caught_up_ms = started
 

@@ -63,7 +63,33 @@ class Entry:
 
     @classmethod
     def decode(cls, fields: list[object]) -> Entry:
-        return cls(*fields)  # type: ignore[arg-type]
+        """The entry :meth:`encode` gave ``fields`` for (read back from JSON)."""
+        state, deliveries, batch, until, locked_at, reason, description, source, session = (
+            fields + _DEFAULTS[len(fields):])
+        return cls(_str(state), _int(deliveries), _int(batch), _int(until),
+                   None if locked_at is None else _int(locked_at), _str_or_none(reason),
+                   _str_or_none(description), _str_or_none(source), _str_or_none(session))
+
+
+#: the fields :meth:`Entry.encode` may leave off the end, as the class defaults them
+#: (the state is never left off)
+_DEFAULTS: list[object] = [None, 0, 0, 0, None, None, None, None, None]
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int):
+        raise TypeError(f"an entry field is {value!r}, not a number")
+    return value
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"an entry field is {value!r}, not a string")
+    return value
+
+
+def _str_or_none(value: object) -> str | None:
+    return None if value is None else _str(value)
 
 
 def _hex(n: int, width: int = 12) -> bytes:

@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from streams.acceptance import FORWARDED, MAX_HOPS, TARGET_MISSING, TOO_MANY_HOPS, Item
+from streams.positions import offset_of
 from topics import names
 from topics.connection import ConnectionSettings
 from topics.message_record import forwarded_headers, hop_count
@@ -46,15 +47,15 @@ class Forwarder:
         """Copy ``records`` to ``target``; an accept item per record."""
         topic = self._target_log(target)
         if topic is None:
-            return [Item(r.offset(), mark=TARGET_MISSING) for r in records]
+            return [Item(offset_of(r), mark=TARGET_MISSING) for r in records]
         items = []
         for record in records:
             hops = hop_count(record.headers())
             if hops >= MAX_HOPS:
-                items.append(Item(record.offset(), mark=TOO_MANY_HOPS))
+                items.append(Item(offset_of(record), mark=TOO_MANY_HOPS))
                 continue
             self._copy(record, topic, hops + 1)
-            items.append(Item(record.offset(), mark=FORWARDED))
+            items.append(Item(offset_of(record), mark=FORWARDED))
         self._flush(topic)
         return items
 
@@ -69,10 +70,10 @@ class Forwarder:
             return []
         copied = []
         for record in self._read(log_topic, partition, offsets):
-            reason, description = dead_letters[record.offset()]
+            reason, description = dead_letters[offset_of(record)]
             self._copy(record, topic, hop_count(record.headers()) + 1, extra_properties={
                 "DeadLetterReason": reason, "DeadLetterErrorDescription": description})
-            copied.append(record.offset())
+            copied.append(offset_of(record))
         self._flush(topic)
         return copied
 
@@ -109,7 +110,7 @@ class Forwarder:
             while time.monotonic() < deadline:
                 got = [r for r in take(self._reader, 1, 0.1) if r.error() is None]
                 if got:
-                    if got[0].offset() == offset:
+                    if offset_of(got[0]) == offset:
                         found.append(got[0])
                     break
         return found

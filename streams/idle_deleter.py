@@ -102,7 +102,7 @@ on_client_command.append(_tracker.saw)
 
 
 @app.on_rebalance_complete.connect
-async def _count_from_now(sender: object, **_: object) -> None:
+async def _count_from_now(sender: object, /, *_: object, **__: object) -> None:
     """Windows may have moved here: what this worker did not see (their use
     on another worker) counts as use until now."""
     _tracker.restart()

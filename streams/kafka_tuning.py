@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer
@@ -46,9 +46,14 @@ def apply(settings: ConnectionSettings) -> None:
             return {tp: self._ensure_consumer().last_stable_offset(tp) for tp in partitions}
         return await asyncio.to_thread(_true_highwaters, settings, partitions)
 
-    thread_cls._create_worker_consumer = _create_worker_consumer
+    # Faust creates its consumer thread itself, so the overrides replace methods of
+    # its class (with setattr: a plain assignment to a method is a slip mypy stops).
+    overrides: dict[str, Callable[..., Any]] = {
+        "_create_worker_consumer": _create_worker_consumer}
     if not profile.exact_list_offsets:
-        thread_cls._highwaters = _highwaters
+        overrides["_highwaters"] = _highwaters
+    for name, override in overrides.items():
+        setattr(thread_cls, name, override)
 
 
 def _true_highwaters(settings: ConnectionSettings, partitions: list[TP]) -> dict[TP, int]:

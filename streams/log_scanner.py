@@ -38,6 +38,7 @@ from streams.acceptance import (
 )
 from streams.definitions import Definitions
 from streams.forwarding import Forwarder
+from streams.positions import offset_of, partition_of
 from streams.window import InflightWindow
 from topics import names
 from topics.commands import Command, DeadForwardedArgs, valid_session_id
@@ -122,7 +123,7 @@ class LogScanner:
         rules = self._definitions().rules(window.entity)
         found = self._definitions().policy(window.entity)
         dead_letter_errors = found is not None and found[1].dead_letter_filter_errors
-        end = records[-1].offset() + 1
+        end = offset_of(records[-1]) + 1
         failures = 0
         partitions = found[1].partitions if found is not None else 1
         sessions: set[str] = set()
@@ -134,10 +135,10 @@ class LogScanner:
                 to_forward.append(record)  # the target applies time to live and schedule
                 continue
             if window.requires_session and (item is None or item.mark == PLAIN):
-                item = _in_session(record, item or Item(record.offset()), partitions)
+                item = _in_session(record, item or Item(offset_of(record)), partitions)
                 if item.session is not None and item.session not in sessions:
                     if len(sessions) >= MAX_SESSIONS_PER_ACCEPT:
-                        end = record.offset()  # the next scan goes on from here
+                        end = offset_of(record)  # the next scan goes on from here
                         break
                     sessions.add(item.session)
             if item is not None:
@@ -146,7 +147,7 @@ class LogScanner:
             if failures >= MAX_FILTER_FAILURES:
                 # Each failure is stored with its error: keep the accept small
                 # enough to store at once; the next scan goes on from here.
-                end = record.offset() + 1
+                end = offset_of(record) + 1
                 break
         if to_forward:
             assert window.forward_to is not None
@@ -177,7 +178,7 @@ class LogScanner:
               ) -> Item | None:
         headers = scanned_headers(record.headers())
         enqueued = record.timestamp()[1]
-        offset = record.offset()
+        offset = offset_of(record)
         message_id = headers.message_id
         if window.duplicate_window_ms and message_id is not None:
             if self._remember(key, message_id, offset, enqueued, window.duplicate_window_ms):
@@ -224,9 +225,9 @@ class LogScanner:
             for record in records:
                 message_id = scanned_headers(record.headers()).message_id
                 if message_id is not None:
-                    self._remember(key, message_id, record.offset(), record.timestamp()[1],
+                    self._remember(key, message_id, offset_of(record), record.timestamp()[1],
                                    window.duplicate_window_ms)
-            position = records[-1].offset() + 1
+            position = offset_of(records[-1]) + 1
         log.info("rebuilt duplicate history of %s: %d ids", key, len(self._seen[key]))
 
     def _read(self, key: str, tp: tuple[str, int], start: int, until: int | None = None
@@ -239,9 +240,9 @@ class LogScanner:
             self._positions[key] = start
         records = [r for r in take(consumer, MAX_RECORDS, 0.05) if r.error() is None]
         if until is not None:
-            records = [r for r in records if r.offset() < until]
+            records = [r for r in records if offset_of(r) < until]
         if records:
-            self._positions[key] = records[-1].offset() + 1
+            self._positions[key] = offset_of(records[-1]) + 1
             if until is None:
                 self._recent[tp] = records
         return records
@@ -251,9 +252,9 @@ class LogScanner:
         the subscriptions of one topic scan the same offsets one after the
         other, so its log is read once for all of them."""
         recent = self._recent.get(tp)
-        if not recent or not recent[0].offset() <= start <= recent[-1].offset():
+        if not recent or not offset_of(recent[0]) <= start <= offset_of(recent[-1]):
             return []
-        first = bisect.bisect_left([r.offset() for r in recent], start)
+        first = bisect.bisect_left([offset_of(r) for r in recent], start)
         return recent[first:]
 
     def _consumer(self, key: str) -> Consumer:
@@ -286,10 +287,10 @@ def _filtered(rules: RuleSet, record: Message, item: Item | None,
               dead_letter_errors: bool) -> Item | None:
     """The accept item of a record after the subscription's rules: filtered
     out, dead-lettered for a failed filter, or as it was (matched)."""
-    offset = record.offset()
+    offset = offset_of(record)
     try:
         system, user = filter_properties(record.value(), record.headers(),
-                                         record.timestamp()[1], record.partition(), offset)
+                                         record.timestamp()[1], partition_of(record), offset)
     except MalformedRecord:
         return item  # handed out, and the receiver dead-letters it
     verdict = rules.evaluate(MessageView(system, user))

@@ -51,6 +51,6 @@ def _window(key: bytes, raw: bytes) -> InflightWindow:
 
 
 @app.on_rebalance_complete.connect
-async def _forget_positions(sender: object, **_: object) -> None:
+async def _forget_positions(sender: object, /, *_: object, **__: object) -> None:
     """Windows may have moved between workers: start each scan from the table."""
     await asyncio.to_thread(_scanner.reset)

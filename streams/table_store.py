@@ -18,6 +18,7 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+from faust.stores.rocksdb import Store as RocksDBStore
 from faust.types import TableT
 
 
@@ -27,7 +28,9 @@ class TableStore:
     def __init__(self, table: TableT, partition: int) -> None:
         self.table = table
         self.partition = partition
-        self._db: Any = table.data._db_for_partition(partition)  # type: ignore[attr-defined]
+        store = table.data
+        assert isinstance(store, RocksDBStore), "the engine's tables are in RocksDB (streams.app)"
+        self._db: Any = store._db_for_partition(partition)
 
     def get(self, key: bytes) -> bytes | None:
         value: bytes | None = self._db.get(key)
