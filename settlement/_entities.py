@@ -17,7 +17,6 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from settlement._positions import offset_of
 from settlement.exceptions import (
     MessagingEntityNotFoundError,
     ServiceBusConnectionError,
@@ -35,7 +34,7 @@ from topics.entities import (
     TopicProperties,
     load_definition,
 )
-from topics.offsets import log_end_offsets, take
+from topics.offsets import log_end_offsets, offset_of, take
 
 log = logging.getLogger(__name__)
 _CACHE_SECONDS = 2.0

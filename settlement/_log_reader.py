@@ -16,11 +16,10 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from settlement._positions import offset_of
 from settlement.exceptions import ServiceBusCommunicationError, denied
 from topics.connection import ConnectionSettings
 from topics.names import entity_of_log
-from topics.offsets import OFFSET_UNKNOWN, take
+from topics.offsets import OFFSET_UNKNOWN, offset_of, take
 
 _AHEAD_LIMIT = 10_000
 

@@ -15,9 +15,9 @@ import time
 from confluent_kafka import Message
 
 from settlement._entities import EntityRegistry
-from settlement._positions import position_of
 from settlement.message import ReceivedProperties, ServiceBusReceivedMessage
 from topics.message_record import MalformedRecord, filter_properties
+from topics.offsets import position_of
 from topics.rule_set import RuleSet
 from topics.rules import MessageView
 

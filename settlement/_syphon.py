@@ -24,7 +24,6 @@ from typing import Protocol
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from settlement import _backlog as backlog
-from settlement._positions import offset_of
 from settlement.exceptions import ServiceBusError
 from settlement.message import ServiceBusReceivedMessage, copy_message
 from settlement.receiver import ServiceBusReceiver
@@ -32,7 +31,7 @@ from settlement.sender import ServiceBusSender
 from topics import names
 from topics.connection import ConnectionSettings
 from topics.message_record import replay_ids
-from topics.offsets import take
+from topics.offsets import offset_of, take
 
 log = logging.getLogger(__name__)
 #: the primary must answer this long before messages move: requests it held

@@ -33,7 +33,6 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from settlement._backlog import backlog_copy, destination
-from settlement._positions import offset_of
 from settlement._syphon import NamespaceClient, Syphon
 from settlement.exceptions import (
     MessagingEntityNotFoundError,
@@ -48,6 +47,7 @@ from settlement.sender import Delivery, ServiceBusSender
 from topics import names, specs
 from topics.connection import ConnectionSettings, parse_connection_string
 from topics.message_record import with_replay_id
+from topics.offsets import offset_of
 
 log = logging.getLogger(__name__)
 #: how often an entity sending to the backlog probes the primary

@@ -14,7 +14,6 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from settlement import message_records
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
-from settlement._positions import position_of
 from settlement._quota import QuotaGuard
 from settlement._retry import RetryPolicy
 from settlement.batch import ServiceBusMessageBatch
@@ -34,6 +33,7 @@ from topics.commands import AnnounceArgs, CancelArgs
 from topics.connection import ConnectionSettings
 from topics.entities import QueueProperties
 from topics.message_record import with_replay_id
+from topics.offsets import position_of
 from topics.sequence_numbers import sequence_number, split_sequence_number
 from topics.times import as_utc, epoch_ms
 

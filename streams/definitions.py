@@ -22,7 +22,6 @@ import uuid
 
 from confluent_kafka import Consumer, TopicPartition
 
-from streams.positions import offset_of
 from topics import names
 from topics.commands import Policy
 from topics.connection import ConnectionSettings
@@ -36,7 +35,7 @@ from topics.entities import (
     TopicProperties,
     load_definition,
 )
-from topics.offsets import take
+from topics.offsets import offset_of, take
 from topics.rule_set import RuleSet
 
 log = logging.getLogger(__name__)

@@ -19,11 +19,10 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from streams.acceptance import FORWARDED, MAX_HOPS, TARGET_MISSING, TOO_MANY_HOPS, Item
-from streams.positions import offset_of
 from topics import names
 from topics.connection import ConnectionSettings
 from topics.message_record import forwarded_headers, hop_count
-from topics.offsets import take
+from topics.offsets import offset_of, take
 
 _TARGETS_TTL = 5.0
 

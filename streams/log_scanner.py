@@ -38,13 +38,12 @@ from streams.acceptance import (
 )
 from streams.definitions import Definitions
 from streams.forwarding import Forwarder
-from streams.positions import offset_of, partition_of
 from streams.window import InflightWindow
 from topics import names
 from topics.commands import Command, DeadForwardedArgs, valid_session_id
 from topics.connection import ConnectionSettings
 from topics.message_record import MalformedRecord, filter_properties, scanned_headers
-from topics.offsets import take
+from topics.offsets import offset_of, position_of, take
 from topics.partitions import session_partition
 from topics.rule_set import RuleSet
 from topics.rules import MessageView
@@ -290,7 +289,7 @@ def _filtered(rules: RuleSet, record: Message, item: Item | None,
     offset = offset_of(record)
     try:
         system, user = filter_properties(record.value(), record.headers(),
-                                         record.timestamp()[1], partition_of(record), offset)
+                                         record.timestamp()[1], position_of(record)[0], offset)
     except MalformedRecord:
         return item  # handed out, and the receiver dead-letters it
     verdict = rules.evaluate(MessageView(system, user))

@@ -1,6 +1,6 @@
 """Reading partitions: log end offsets that are right on every
-Kafka-protocol broker, and taking what a consumer has without waiting longer
-than needed.
+Kafka-protocol broker, taking what a consumer has without waiting longer
+than needed, and where a record read sits (:func:`position_of`).
 
 Tansu answers ListOffsets(latest) with the last batch's base offset + 1, not
 the log end (after one batch of 1,000 records it says 1); the high watermark
@@ -78,3 +78,24 @@ def _listed_end(consumer: Consumer, tp: tuple[str, int], deadline: float) -> int
                     or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def offset_of(record: Message) -> int:
+    """The offset of a record read or delivered without an error.
+
+    confluent-kafka types a ``Message``'s partition and offset as optional: a
+    message that only reports an error (the end of a partition, a refused
+    fetch) has neither. Every record read past its error check, or delivered
+    without an error, has both."""
+    offset = record.offset()
+    if offset is None:
+        raise ValueError(f"a record without an offset (error: {record.error()})")
+    return offset
+
+
+def position_of(record: Message) -> tuple[int, int]:
+    """``(partition, offset)`` of a record read or delivered without an error."""
+    partition = record.partition()
+    if partition is None:
+        raise ValueError(f"a record without a partition (error: {record.error()})")
+    return partition, offset_of(record)
