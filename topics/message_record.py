@@ -141,6 +141,12 @@ def _headers_size(headers: Headers) -> int:
     return sum(len(k.encode()) + len(v or b"") for k, v in _pairs(headers))
 
 
+def stored_size(key: bytes | None, value: bytes | None, headers: Headers) -> int:
+    """The bytes a record holds in its log: key, value and headers (what an
+    entity's size, and so its quota, counts)."""
+    return len(key or b"") + len(value or b"") + _headers_size(headers)
+
+
 def _pairs(headers: Headers) -> Iterator[tuple[str, bytes | None]]:
     """``(name, value)`` of each header, values as bytes."""
     for name, value in headers.items() if isinstance(headers, Mapping) else headers or ():

@@ -20,6 +20,7 @@ from topics import names
 from topics.commands import MAX_ACQUIRE, PeekArgs
 from topics.connection import ConnectionSettings
 from topics.entities import QueueProperties, SubscriptionProperties
+from topics.message_record import stored_size
 
 SAMPLE = 20_000
 _SUB_QUEUES = ("active", "deadletter", "transferdeadletter")
@@ -86,8 +87,6 @@ def _offsets_in_play(link: EngineLink, props: Receivable, partition: int, hw: in
 
 
 def _size(record: Message) -> int:
-    headers = record.headers() or []
-    # confluent-kafka types headers as a list or a dict; a consumed record's are a list
-    pairs = headers.items() if isinstance(headers, dict) else headers
-    return (len(record.key() or b"") + len(record.value() or b"")
-            + sum(len(k) + len(v or b"") for k, v in pairs))
+    key = record.key()
+    return stored_size(key.encode() if isinstance(key, str) else key, record.value(),
+                       record.headers())
