@@ -37,18 +37,12 @@ chromium:
 maven:
 	$(call apt_install,mvn,maven,it fetches Apache Kafka's and Spark's jars from Maven Central)
 
-# The tests that need no broker once, then those that need one on the embedded
-# broker and on Apache Kafka (one node; the fault tests start their own three).
-# Every run goes ahead when one before it failed; each prints how long it took,
-# and the target fails if any run did.
-TEST_RUNS := none embedded kafka
+# The tests that need no broker once, and those that need one on the embedded
+# broker and on Apache Kafka (one node; the fault tests start their own three):
+# three pytest sessions side by side (tests/run-all.sh says why), each's time
+# printed; fails if any failed. make test PYTEST_ARGS="-x -k sessions" narrows them.
 test: $(STAMP) java chromium maven
-	@failed=""; for broker in $(TEST_RUNS); do \
-	  start=$$(date +%s); \
-	  SETTLEMENT_TEST_BROKER=$$broker $(BIN)/python -m pytest -q $(PYTEST_ARGS) || failed="$$failed $$broker"; \
-	  echo "make test: broker=$$broker took $$(( $$(date +%s) - start )) s"; \
-	done; \
-	if [ -n "$$failed" ]; then echo "make test: failed on:$$failed" >&2; exit 1; fi
+	bash tests/run-all.sh $(BIN)/python $(PYTEST_ARGS)
 
 # make bench [BROKER=embedded|kafka] [ARGS="--messages 50000"]
 BROKER ?= embedded
