@@ -39,7 +39,7 @@ maven:
 
 # The tests that need no broker once, and those that need one on the embedded
 # broker and on Apache Kafka (one node; the fault tests start their own three):
-# three pytest sessions side by side (tests/run-all.sh says why), each's time
+# three pytest sessions one after the other (tests/run-all.sh), each's time
 # printed; fails if any failed. make test PYTEST_ARGS="-x -k sessions" narrows them.
 test: $(STAMP) java chromium maven
 	bash tests/run-all.sh $(BIN)/python $(PYTEST_ARGS)
