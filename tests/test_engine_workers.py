@@ -65,6 +65,14 @@ def test_two_workers_share_the_namespace_and_survive_one_stopping(
         halves = {queue: drain(client, queue) for queue in QUEUES[:3]}
         assert all(len(done) == 40 for done in halves.values())
         first.stop()  # the second worker takes every partition over
+        # The hand-over is a rebalance and a recovery of the tables, which
+        # may take longer than a client's retries wait (measured 40 to 70 s
+        # for this test on Apache Kafka): wait until the second worker holds
+        # every partition, then drain.
+        deadline = time.monotonic() + 60
+        while assigned_partitions(second) != set(range(8)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert assigned_partitions(second) == set(range(8))
         rest = {queue: drain(client, queue) for queue in QUEUES}
         assert all(rest[q] == set() for q in QUEUES[:3])  # nothing completed comes back
         assert all(len(rest[q]) == 40 for q in QUEUES[3:])
