@@ -44,34 +44,34 @@ maven:
 test: $(STAMP) java chromium maven
 	bash tests/run-all.sh $(BIN)/python $(PYTEST_ARGS)
 
-# make bench [BROKER=embedded|kafka] [ARGS="--messages 50000"]
-BROKER ?= embedded
+# make bench [BROKER=kafka|tansu] [ARGS="--messages 50000"]
+BROKER ?= kafka
 bench: $(STAMP) java maven
 	$(BIN)/python -m bench.run --broker $(BROKER) $(ARGS)
 
-# make bench-scale [BROKER=embedded|kafka] [ARGS="--parked 1000000"]: state that
+# make bench-scale [BROKER=kafka|tansu] [ARGS="--parked 1000000"]: state that
 # scales with what is in flight (a million dead letters, a million backlog)
 bench-scale: $(STAMP) java maven
 	$(BIN)/python -m bench.scale --broker $(BROKER) $(ARGS)
 
-# make bench-topics [BROKER=embedded|kafka] [ARGS="--messages 50000"]: one topic,
+# make bench-topics [BROKER=kafka|tansu] [ARGS="--messages 50000"]: one topic,
 # 10 subscriptions with SQL filters selecting 10% each, beside a plain queue
 bench-topics: $(STAMP) java maven
 	$(BIN)/python -m bench.topics --broker $(BROKER) $(ARGS)
 
-# make bench-sessions [BROKER=embedded|kafka] [ARGS="--sessions 10000"]: sessions
+# make bench-sessions [BROKER=kafka|tansu] [ARGS="--sessions 10000"]: sessions
 # of 10 (2,000 by default) drained by 4 NEXT_AVAILABLE_SESSION receivers beside
 # a plain queue, and the commands of a session beside 100,000 idle ones
 bench-sessions: $(STAMP) java maven
 	$(BIN)/python -m bench.sessions --broker $(BROKER) $(ARGS)
 
-# make bench-pairing [BROKER=embedded|kafka] [ARGS="--failover-interval 5"]: a
+# make bench-pairing [BROKER=kafka|tansu] [ARGS="--failover-interval 5"]: a
 # client paired with a second cluster, sending while its primary is healthy,
 # paused (SIGSTOP) and back (SIGCONT), with the syphon moving the backlog home
 bench-pairing: $(STAMP) java maven
 	$(BIN)/python -m bench.pairing --broker $(BROKER) $(ARGS)
 
-# make bench-aio [BROKER=embedded|kafka] [ARGS="--messages 50000"]: settlement.aio's
+# make bench-aio [BROKER=kafka|tansu] [ARGS="--messages 50000"]: settlement.aio's
 # 1,000 concurrent await complete_message, beside the sync batched peek-lock and
 # raw Kafka consume on the same broker
 bench-aio: $(STAMP) java maven

@@ -30,7 +30,7 @@ def spark_source_read(spark: Any, bootstrap: str, n: int, size: int,
     with Trigger.AvailableNow from a fresh 2-partition topic, query start
     included. Spark's Python workers are started by an untimed batch read
     first: their start (seconds, once per session) is not the source's speed."""
-    from spark.source import kafka_format, read_kafka, read_kafka_stream
+    from spark.source import read_kafka, read_kafka_stream
 
     topic = f"bench-spark-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})  # keep it alive for the result
@@ -50,9 +50,7 @@ def spark_source_read(spark: Any, bootstrap: str, n: int, size: int,
                  .option("checkpointLocation", checkpoint)
                  .trigger(availableNow=True).start())
         query.awaitTermination(600)
-    source = ("Spark's kafka connector" if kafka_format(spark, bootstrap) == "kafka"
-              else "Python source")
-    return Phase("spark_source", f"Spark read, {source} (AvailableNow)", sum(counted),
+    return Phase("spark_source", "Spark read, Spark's kafka connector (AvailableNow)", sum(counted),
                  t.seconds, cpu=t.cpu, check={"ok": sum(counted) == n, "expected": n,
                                              "read": sum(counted)})
 

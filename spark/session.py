@@ -3,13 +3,11 @@ on a cluster. PySpark needs Java 17; a missing ``java`` is a clear error.
 
 Spark's Kafka connector (``spark-sql-kafka-0-10`` of the installed PySpark's
 version) is fetched from Maven Central once, cached like the broker's jars
-(``settlement/testing/jars/spark-kafka/pom.xml``), and passed as ``spark.jars``.
-Without Maven or network the session still starts, and the jobs read through
-the Python source (:mod:`spark.source`)."""
+(``settlement/testing/jars/spark-kafka/pom.xml``), and passed as ``spark.jars``;
+where Maven cannot fetch it the session does not start, with the reason."""
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import sys
@@ -18,10 +16,7 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
-from settlement.testing.maven import JarFetchError, fetch_jars
-from spark.kafka_source import KafkaSource
-
-log = logging.getLogger(__name__)
+from settlement.testing.maven import fetch_jars
 
 #: Quiet start-up: warnings that need action only.
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
@@ -37,10 +32,8 @@ def spark_session(app_name: str = "settlement", master: str = "local[2]") -> Spa
     if master.startswith("local"):  # no lookup of the host's name (and no warning about it)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(master).appName(app_name)
-    jars = kafka_connector_jars()
-    if jars:
-        builder = builder.config("spark.jars", ",".join(jars))
     spark = (builder
+             .config("spark.jars", ",".join(kafka_connector_jars()))
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
@@ -49,17 +42,11 @@ def spark_session(app_name: str = "settlement", master: str = "local[2]") -> Spa
              .config("spark.sql.session.timeZone", "UTC")
              .getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
-    spark.dataSource.register(KafkaSource)
     return spark
 
 
 def kafka_connector_jars() -> list[str]:
-    """The jars of Spark's Kafka connector for this PySpark, or none (with a
-    warning) where Maven cannot fetch them."""
-    try:
-        directory = fetch_jars("spark-kafka", {"spark.version": pyspark.__version__})
-    except JarFetchError as exc:
-        log.warning("Spark's Kafka connector is unavailable, jobs read through the Python "
-                    "source: %s", exc)
-        return []
+    """The jars of Spark's Kafka connector for this PySpark (fetched once;
+    :class:`~settlement.testing.maven.JarFetchError` says why it could not be)."""
+    directory = fetch_jars("spark-kafka", {"spark.version": pyspark.__version__})
     return sorted(str(jar) for jar in directory.glob("*.jar"))

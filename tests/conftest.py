@@ -2,13 +2,15 @@
 unique queue names (and by their own namespace where they need their own
 engine, as the crash tests do).
 
-``SETTLEMENT_TEST_BROKER`` picks the broker of the whole session: ``embedded``
-(Tansu, the default) or ``kafka`` (Apache Kafka from Maven Central, one node),
-and then only the tests that need a broker run; ``none`` runs the tests that need
-none (the state machine, the formats, the SQL filters...) once. ``make test``
-runs the three. A test needs a broker when it uses the ``broker`` fixture (or
-one built on it: ``engine``, ``conn``, ``admin``, ``client``...) or is marked
-``needs_broker`` (it starts brokers of its own, for the broker of the session)."""
+``SETTLEMENT_TEST_BROKER`` picks the broker of the whole session: ``kafka``
+(Apache Kafka from Maven Central, one node: the default, and every test that
+needs a broker runs) or ``tansu`` (the in-memory Tansu, a compatibility target:
+only the tests marked ``tansu`` run, core settlement, lifecycle and crashes);
+``none`` runs the tests that need none (the state machine, the formats, the SQL
+filters...) once. ``make test`` runs the three. A test needs a broker when it
+uses the ``broker`` fixture (or one built on it: ``engine``, ``conn``,
+``admin``, ``client``...) or is marked ``needs_broker`` (it starts brokers of
+its own, for the broker of the session)."""
 
 from __future__ import annotations
 
@@ -28,9 +30,9 @@ from settlement.testing.embedded import EmbeddedBroker
 from streams.process import EngineProcess
 from tests.helpers import TEST_BROKER, Broker
 
-if TEST_BROKER not in ("embedded", "kafka", "none"):
+if TEST_BROKER not in ("kafka", "tansu", "none"):
     raise pytest.UsageError(
-        f"SETTLEMENT_TEST_BROKER must be 'embedded', 'kafka' or 'none', not {TEST_BROKER!r}")
+        f"SETTLEMENT_TEST_BROKER must be 'kafka', 'tansu' or 'none', not {TEST_BROKER!r}")
 
 
 def pytest_report_header() -> str:
@@ -41,6 +43,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "needs_broker: the test starts brokers of its own, of "
                             "the session's kind (SETTLEMENT_TEST_BROKER), without the broker "
                             "fixture")
+    config.addinivalue_line("markers", "tansu(only=False): in the compatibility subset that "
+                            "also runs on Tansu (SETTLEMENT_TEST_BROKER=tansu); only=True: "
+                            "about Tansu itself, so on Tansu only")
 
 
 def needs_broker(item: pytest.Item) -> bool:
@@ -48,12 +53,24 @@ def needs_broker(item: pytest.Item) -> bool:
             or item.get_closest_marker("needs_broker") is not None)
 
 
+def runs_here(item: pytest.Item) -> bool:
+    """Whether ``item`` belongs to this session: those that need no broker run
+    once, under ``none``; on Tansu only the compatibility subset runs."""
+    if TEST_BROKER == "none":
+        return not needs_broker(item)
+    tansu = item.get_closest_marker("tansu")
+    if tansu is None and TEST_BROKER == "tansu":
+        return False
+    if tansu is not None and tansu.kwargs.get("only") and TEST_BROKER == "kafka":
+        return False
+    return needs_broker(item)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep the tests of this run's kind: those that need no broker run once,
-    under ``none``, rather than once per broker."""
+    """Keep the tests of this run's kind (:func:`runs_here`)."""
     keep, drop = [], []
     for item in items:
-        (keep if needs_broker(item) == (TEST_BROKER != "none") else drop).append(item)
+        (keep if runs_here(item) else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -61,7 +78,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def broker() -> Iterator[Broker]:
-    running: Broker = KafkaCluster() if TEST_BROKER == "kafka" else EmbeddedBroker()
+    running: Broker = EmbeddedBroker() if TEST_BROKER == "tansu" else KafkaCluster()
     with running:
         yield running
 

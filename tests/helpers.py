@@ -17,8 +17,8 @@ from settlement.testing.apache_kafka import KafkaCluster
 from settlement.testing.embedded import EmbeddedBroker
 from topics import names, specs
 
-#: The broker of this test session: ``embedded`` (Tansu) or ``kafka`` (Apache Kafka).
-TEST_BROKER = os.environ.get("SETTLEMENT_TEST_BROKER", "embedded")
+#: The broker of this test session: ``kafka`` (Apache Kafka, the default) or ``tansu``.
+TEST_BROKER = os.environ.get("SETTLEMENT_TEST_BROKER", "kafka")
 #: What the session's ``broker`` fixture is: both start, stop and make connection strings.
 Broker = EmbeddedBroker | KafkaCluster
 

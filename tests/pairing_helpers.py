@@ -40,7 +40,7 @@ class Primary:
 @contextmanager
 def running_primary(workdir: Path) -> Iterator[Primary]:
     """Start a broker and an engine (its data in ``workdir``); stop both after."""
-    broker: Broker = KafkaCluster() if TEST_BROKER == "kafka" else EmbeddedBroker()
+    broker: Broker = EmbeddedBroker() if TEST_BROKER == "tansu" else KafkaCluster()
     with broker:
         engine = EngineProcess(broker.connection_string(f"p{uuid.uuid4().hex[:8]}"),
                                workdir).start()

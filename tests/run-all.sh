@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# `make test`: the tests that need no broker, then those that need one on the
-# embedded broker and on Apache Kafka, as three pytest sessions one after the
-# other (side by side they take longer: the embedded broker keeps a core
-# busy answering its consumers' short fetches). Every session runs even when
+# `make test`: the tests that need no broker, then every test that needs one on
+# Apache Kafka, then the compatibility subset (tests marked `tansu`) on Tansu,
+# as three pytest sessions one after the other (side by side they take longer:
+# Tansu keeps a core busy answering its consumers' short fetches). Every session runs even when
 # one before it failed; how long each took is printed at the end, and this
 # fails if any session failed.
 #
-# Usage: tests/run-all.sh PYTHON [PYTEST_ARGS...]   (SUITES="none embedded kafka")
+# Usage: tests/run-all.sh PYTHON [PYTEST_ARGS...]   (SUITES="none kafka tansu")
 set -uo pipefail
 python=$1
 shift
 
 failed=""
 times=""
-for broker in ${SUITES:-none embedded kafka}; do
+for broker in ${SUITES:-none kafka tansu}; do
   echo "=== SETTLEMENT_TEST_BROKER=$broker"
   start=$(date +%s)
   SETTLEMENT_TEST_BROKER=$broker "$python" -m pytest -q -p no:cacheprovider "$@" \

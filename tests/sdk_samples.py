@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cached_property
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 #: The last release whose samples use connection strings (7.15.0's make the same calls).
 SDK_VERSION = "7.11.4"
@@ -45,41 +45,28 @@ REPO = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 60.0
 
 
-class Unfit(NamedTuple):
-    """Why a sample cannot run here, and on which brokers that holds."""
-
-    reason: str
-    brokers: tuple[str, ...] = ("embedded", "kafka")
-
-
-_NO_SASL = ("needs SASL: it signs in with a SAS key, and the embedded broker has no "
-            "authentication (it runs against Apache Kafka with SASL users when "
-            "SETTLEMENT_TEST_BROKER=kafka)")
-
 #: The samples that cannot run here, by name without ``_async`` (both
 #: flavours), and why. The test expects each to fail (strictly: one that passes
 #: must leave this list), as the README's section "The SDK's samples" says.
-CANNOT_RUN: dict[str, Unfit] = {
-    "client_identity_authentication": Unfit(
+CANNOT_RUN: dict[str, str] = {
+    "client_identity_authentication": (
         "needs Azure AD: it signs in with azure.identity's EnvironmentCredential, a token "
         "Kafka cannot check"),
-    "sample_code_servicebus": Unfit(
+    "sample_code_servicebus": (
         "needs Azure AD: every client it builds first signs in with azure.identity's "
         "DefaultAzureCredential"),
-    "send_and_receive_amqp_annotated_message": Unfit(
+    "send_and_receive_amqp_annotated_message": (
         "AMQP-specific: AmqpAnnotatedMessage's sequence and value bodies, delivery "
         "annotations, header and footer are AMQP message sections with no Kafka record "
         "counterpart (settlement.amqp has only AmqpMessageBodyType)"),
-    "proxy": Unfit(
+    "proxy": (
         "needs an HTTP proxy at 127.0.0.1:8899 (on Azure too), and Kafka clients connect to "
         "the brokers directly: http_proxy is refused with a TypeError"),
-    "connection_to_custom_endpoint_address": Unfit(
+    "connection_to_custom_endpoint_address": (
         "its custom_endpoint_address and connection_verify are placeholders "
         "('sb://<custom_endpoint_hostname>:<custom_endpoint_port>', a CA bundle path) that "
         "fail on Azure too; here the connection string's Endpoint names the brokers and "
         "custom_endpoint_address is refused with a TypeError"),
-    "authenticate_using_azure_named_key_credential": Unfit(_NO_SASL, ("embedded",)),
-    "authenticate_using_azure_sas_credential": Unfit(_NO_SASL, ("embedded",)),
 }
 
 #: Samples that only receive: the harness sends them these messages first.
@@ -140,10 +127,9 @@ class Sample:
     def needs_sasl(self) -> bool:
         return "SERVICEBUS_SAS_KEY" in self.reads
 
-    def unfit(self, broker: str) -> str | None:
-        """Why the sample cannot run on ``broker`` (``embedded``/``kafka``), or None."""
-        unfit = CANNOT_RUN.get(self.base)
-        return unfit.reason if unfit and broker in unfit.brokers else None
+    def unfit(self) -> str | None:
+        """Why the sample cannot run here, or None."""
+        return CANNOT_RUN.get(self.base)
 
 
 def _download_sdist() -> Path:

@@ -1,8 +1,6 @@
-"""Apache Kafka from Maven Central: ``settlement kafka``, the detected broker
-profile, and what real Kafka has that the embedded broker lacks (compaction).
-
-These run in the Apache Kafka session (``SETTLEMENT_TEST_BROKER=kafka``); the
-embedded session skips them, since they start or need Apache Kafka."""
+"""Apache Kafka from Maven Central: ``settlement broker`` and ``settlement
+kafka``, the detected broker profile, and what real Kafka has that Tansu
+lacks (compaction)."""
 
 from __future__ import annotations
 
@@ -24,16 +22,17 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
+from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from settlement.management import ServiceBusAdministrationClient
+from settlement.testing._local_broker import free_port
 from settlement.testing.apache_kafka import KafkaCluster
 from settlement.testing.maven import JarFetchError, fetch_jars
-from tests.helpers import TEST_BROKER, Broker
+from streams.process import EngineProcess
+from tests.helpers import Broker
 from topics import names
 from topics.connection import parse_connection_string
 
-pytestmark = [pytest.mark.needs_broker, pytest.mark.skipif(
-    TEST_BROKER != "kafka", reason="Apache Kafka only: the embedded broker (Tansu) has no "
-    "KRaft cluster to start, no compaction and no broker configuration to describe")]
+pytestmark = pytest.mark.needs_broker
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -48,13 +47,17 @@ def _read_line(proc: subprocess.Popen[str], deadline: float) -> str:
     raise AssertionError(f"no output from settlement kafka (exit {proc.poll()})")
 
 
-def _start_cli(data_dir: Path) -> tuple[subprocess.Popen[str], list[str]]:
+def _start_cli(data_dir: Path, *args: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """``settlement ARGS --data-dir DATA_DIR`` (by default ``kafka`` of three
+    nodes) and its lines of output up to the ``bootstrap:`` line, the last."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "settlement.cli", "kafka", "--brokers", "3", "--port", "0",
-         "--data-dir", str(data_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-        stdin=subprocess.DEVNULL)
+        [sys.executable, "-m", "settlement.cli",
+         *(args or ("kafka", "--brokers", "3", "--port", "0")), "--data-dir", str(data_dir)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    lines = [_read_line(proc, deadline) for _ in range(4)]
+    lines = [_read_line(proc, deadline)]
+    while not lines[-1].startswith("bootstrap: "):
+        lines.append(_read_line(proc, deadline))
     return proc, lines
 
 
@@ -107,6 +110,78 @@ def test_settlement_kafka_runs_three_nodes_and_restarts_them_on_their_data(
         assert values == [f"m{i}".encode() for i in range(100)]
     finally:
         _stop_cli(proc)
+
+
+def test_settlement_broker_keeps_messages_locks_dead_letters_and_sessions_across_a_restart(
+        tmp_path: Path) -> None:
+    """What was sent and settled before ``settlement broker`` stopped is there
+    after it starts again on the same --data-dir, as a new engine worker (with
+    none of the old one's local state) reads it back from the broker."""
+    port = free_port("127.0.0.1")
+    data = tmp_path / "broker"
+    proc, lines = _start_cli(data, "broker", "--port", str(port))
+    conn = f"Endpoint=kafka://127.0.0.1:{port};Namespace=kept"
+    try:
+        assert lines[-1] == f"bootstrap: 127.0.0.1:{port}"
+        engine = EngineProcess(conn, tmp_path / "engine-1").start()
+        try:
+            with ServiceBusAdministrationClient.from_connection_string(conn) as admin:
+                admin.create_queue("orders", lock_duration=300)
+                admin.create_queue("jobs", requires_session=True)
+            with ServiceBusClient.from_connection_string(conn) as client:
+                with client.get_queue_sender("orders") as sender:
+                    sender.send_messages([ServiceBusMessage(f"m{i}", message_id=f"m{i}")
+                                          for i in range(4)])
+                with client.get_queue_sender("jobs") as sender:
+                    sender.send_messages(ServiceBusMessage("step 1", session_id="job-1"))
+                receiver = client.get_queue_receiver("orders")
+                first, second = receiver.receive_messages(2, max_wait_time=10)
+                receiver.dead_letter_message(first, reason="bad-total")
+                # m0..m3 may come in any order across the queue's partitions
+                dead_id, held = first.message_id, second.message_id  # held: a 300 s lock
+                others = sorted({f"m{i}" for i in range(4)} - {dead_id, held})
+                with client.get_queue_receiver("jobs", session_id="job-1") as session:
+                    session.session.set_state(b"halfway")
+                receiver.close()
+        finally:
+            engine.stop()
+    finally:
+        _stop_cli(proc)
+
+    proc, lines = _start_cli(data, "broker", "--port", str(port))
+    assert lines[-1] == f"bootstrap: 127.0.0.1:{port}"
+    engine = EngineProcess(conn, tmp_path / "engine-2").start()
+    try:
+        with ServiceBusAdministrationClient.from_connection_string(conn) as admin:
+            props = admin.get_queue_runtime_properties("orders")
+        assert (props.active_message_count, props.locked_message_count,
+                props.dead_letter_message_count) == (3, 1, 1)
+        with ServiceBusClient.from_connection_string(conn) as client:
+            with client.get_queue_receiver("orders") as receiver:
+                rest = receiver.receive_messages(4, max_wait_time=5)
+                assert sorted(m.message_id for m in rest) == others  # not the held one
+                receiver.complete_messages(rest)
+            with client.get_queue_receiver("orders", sub_queue=ServiceBusSubQueue.DEAD_LETTER,
+                                           max_wait_time=5) as dead:
+                (letter,) = dead.receive_messages(2)
+                assert (letter.message_id, letter.dead_letter_reason) == (dead_id, "bad-total")
+                dead.complete_message(letter)
+            with client.get_queue_receiver("jobs", session_id="job-1",
+                                           max_wait_time=5) as session:
+                assert session.session.get_state() == b"halfway"
+                assert [str(m) for m in session.receive_messages(2)] == ["step 1"]
+    finally:
+        engine.stop()
+        _stop_cli(proc)
+
+
+def test_settlement_broker_tansu_keeps_no_data_dir(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "settlement.cli", "broker", "--tansu",
+                           "--data-dir", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--data-dir is for Apache Kafka: Tansu (--tansu) keeps everything in memory" \
+        in done.stderr
 
 
 def test_a_data_dir_keeps_its_cluster_shape(tmp_path: Path) -> None:

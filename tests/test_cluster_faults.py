@@ -22,12 +22,10 @@ from settlement.management import ServiceBusAdministrationClient
 from settlement.testing.apache_kafka import KafkaCluster
 from spark.audit import run_audit
 from streams.process import EngineProcess
-from tests.helpers import TEST_BROKER, receive_exactly
+from tests.helpers import receive_exactly
 from topics import names
 
-pytestmark = [pytest.mark.needs_broker, pytest.mark.skipif(
-    TEST_BROKER != "kafka", reason="needs a 3-node Apache Kafka cluster: the embedded broker "
-    "(Tansu) is a single node without replication")]
+pytestmark = pytest.mark.needs_broker
 TOTAL = 600
 RECOVERY_S = 15.0
 log = logging.getLogger(__name__)

@@ -11,6 +11,9 @@ from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from settlement.cli import main
 from settlement.dead_letters import purge_dead_letters, resubmit_dead_letters
 
+#: Core settlement: in the compatibility subset that also runs on Tansu.
+pytestmark = pytest.mark.tansu
+
 
 def dead_letter(client: ServiceBusClient, queue: str, reasons: dict[str, str]) -> None:
     with client.get_queue_sender(queue) as sender:

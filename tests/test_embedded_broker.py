@@ -1,4 +1,4 @@
-"""Tests for settlement.testing.embedded.EmbeddedBroker and settlement.cli.broker.run_broker.
+"""Tests for settlement.testing.embedded.EmbeddedBroker and settlement.cli.broker.run_tansu.
 
 Each test module gets its own broker on a free port (port 0), so these tests do
 not depend on, or interfere with, any broker another test module starts.
@@ -24,11 +24,13 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from settlement.cli.broker import run_broker
+from settlement.cli.broker import run_tansu
 from settlement.testing.embedded import BrokerStartError, EmbeddedBroker
 from topics.connection import parse_connection_string
 
 ROOT = Path(__file__).resolve().parent.parent
+#: About Tansu itself: these run in the Tansu session only.
+pytestmark = pytest.mark.tansu(only=True)
 
 
 @pytest.fixture(scope="module")
@@ -171,11 +173,11 @@ def _read_line_until(proc: subprocess.Popen[str], wanted: str, timeout: float) -
     raise AssertionError(f"never saw {wanted!r} (exit={proc.poll()}); stdout: {lines}")
 
 
-def test_run_broker_serves_until_sigterm() -> None:
+def test_run_tansu_serves_until_sigterm() -> None:
     port = _free_port()
     code = (
-        "from settlement.cli.broker import run_broker; "
-        f"raise SystemExit(run_broker('127.0.0.1', {port}))"
+        "from settlement.cli.broker import run_tansu; "
+        f"raise SystemExit(run_tansu('127.0.0.1', {port}))"
     )
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": pythonpath}
@@ -192,17 +194,17 @@ def test_run_broker_serves_until_sigterm() -> None:
         assert _listening("127.0.0.1", port)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0, proc.stderr.read() if proc.stderr else ""
-        assert not _listening("127.0.0.1", port), "the broker outlived run_broker"
+        assert not _listening("127.0.0.1", port), "the broker outlived run_tansu"
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
 
 
-def test_run_broker_reports_taken_port(
+def test_run_tansu_reports_taken_port(
     broker: EmbeddedBroker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run_broker("127.0.0.1", broker.port) == 2
+    assert run_tansu("127.0.0.1", broker.port) == 2
     captured = capsys.readouterr()
     assert captured.err.startswith("error: ")
     assert f"127.0.0.1:{broker.port}" in captured.err

@@ -12,20 +12,24 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+
+import pytest
 
 from settlement import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessage
 from settlement.exceptions import MessageLockLostError, ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
 from spark.audit import run_audit
 from streams.process import EngineProcess
-from tests.helpers import Broker
+from tests.helpers import TEST_BROKER, Broker
+
+#: Core settlement: in the compatibility subset that also runs on Tansu.
+pytestmark = pytest.mark.tansu
 
 TOTAL = 400
 
 
 def test_kill_9_mid_stream_then_restart_loses_nothing_and_completes_nothing_twice(
-        broker: Broker, tmp_path: Path, spark: Any) -> None:
+        broker: Broker, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     conn = broker.connection_string(f"crash{uuid.uuid4().hex[:6]}")
     engine = EngineProcess(conn, tmp_path).start()
     admin = ServiceBusAdministrationClient.from_connection_string(conn)
@@ -82,14 +86,22 @@ def test_kill_9_mid_stream_then_restart_loses_nothing_and_completes_nothing_twic
         assert not doubled, f"completed twice: {doubled}"
         props = admin.get_queue_runtime_properties("work")
         assert props.active_message_count == 0 and props.dead_letter_message_count == 0
-        # The engine's own record of it agrees: every message's events, the
-        # raw log and the state topic tell the same story across the crash.
-        report = run_audit(spark, conn, ["work"])
-        assert report.ok and report.messages == TOTAL, report.summary()
+        audit_agrees(request, conn, TOTAL)
     finally:
         client.close()
         admin.close()
         engine.stop()
+
+
+def audit_agrees(request: pytest.FixtureRequest, conn: str, total: int) -> None:
+    """The engine's own record agrees: every message's events, the raw log and
+    the state topic tell the same story across the crash. Checked on Apache
+    Kafka, where the Spark jobs run (Spark's connector cannot read Tansu's log
+    ends: the README's compatibility table)."""
+    if TEST_BROKER != "kafka":
+        return
+    report = run_audit(request.getfixturevalue("spark"), conn, ["work"])
+    assert report.ok and report.messages == total, report.summary()
 
 
 def _start_a_session(admin: ServiceBusAdministrationClient, client: ServiceBusClient) -> None:
@@ -115,7 +127,7 @@ def _resume_the_session(client: ServiceBusClient) -> None:
 
 
 def test_a_crash_right_after_the_commit_record_keeps_state_and_events_together(
-        broker: Broker, tmp_path: Path, spark: Any) -> None:
+        broker: Broker, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """The worker dies once a settlement's commit record is acknowledged and
     before its writes and events are sent. The restarted worker applies the
     record's redo and publishes its outbox: the retried settlement is answered
@@ -148,8 +160,7 @@ def test_a_crash_right_after_the_commit_record_keeps_state_and_events_together(
         assert all(r.succeeded for r in results), [str(r.error) for r in results if r.error]
         props = admin.get_queue_runtime_properties("work")
         assert (props.active_message_count, props.locked_message_count) == (0, 0)
-        report = run_audit(spark, conn, ["work"])
-        assert report.ok and report.messages == 20, report.summary()
+        audit_agrees(request, conn, 20)
     finally:
         client.close()
         admin.close()

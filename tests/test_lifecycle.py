@@ -20,6 +20,9 @@ from settlement.management import ServiceBusAdministrationClient
 from tests.helpers import drain_ids, last_state
 from topics import names
 
+#: Core settlement: in the compatibility subset that also runs on Tansu.
+pytestmark = pytest.mark.tansu
+
 
 def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)

@@ -7,16 +7,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
-from tests.helpers import TEST_BROKER, receive_exactly
+from tests.helpers import receive_exactly
 from topics import names
-
-pytestmark = pytest.mark.skipif(
-    TEST_BROKER != "kafka", reason="the embedded broker (Tansu) does not implement "
-    "DeleteRecords: its entity logs keep everything")
 
 
 def log_start(client: ServiceBusClient, queue: str) -> int:

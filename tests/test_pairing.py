@@ -29,7 +29,7 @@ from settlement.management import ServiceBusAdministrationClient
 from settlement.pairing import backlog_queue_names, read_status
 from settlement.testing.apache_kafka import KafkaCluster
 from spark.dashboard import dump_dom
-from tests.helpers import TEST_BROKER, run_monitor
+from tests.helpers import run_monitor
 from tests.pairing_helpers import Primary, running_primary
 from topics.connection import parse_connection_string
 
@@ -119,8 +119,6 @@ def test_sends_carry_on_while_the_primary_is_paused_and_the_syphon_moves_them_ba
     assert left == 0
 
 
-@pytest.mark.skipif(TEST_BROKER != "kafka", reason="a killed embedded broker (Tansu) comes "
-                    "back empty: it keeps its log in memory")
 def test_a_killed_primary_comes_back_and_a_receive_loop_outlives_it(
         primary: Primary, conn: str, queue_name: str) -> None:
     """kill -9 of the primary's node while a sender sends TOTAL messages and

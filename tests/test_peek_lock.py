@@ -11,6 +11,9 @@ import pytest
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from settlement.exceptions import MessageAlreadySettled, MessageLockLostError
 
+#: Core settlement: in the compatibility subset that also runs on Tansu.
+pytestmark = pytest.mark.tansu
+
 
 def send(client: ServiceBusClient, queue: str, *bodies: str) -> None:
     with client.get_queue_sender(queue) as sender:

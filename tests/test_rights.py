@@ -22,14 +22,12 @@ from settlement.exceptions import ServiceBusAuthenticationError, ServiceBusAutho
 from settlement.management import ServiceBusAdministrationClient
 from settlement.testing.apache_kafka import KafkaCluster
 from streams.process import EngineProcess
-from tests.helpers import TEST_BROKER
 from tests.wire_commands import call_raw
 from topics import rights
 from topics.connection import parse_connection_string
 from topics.errors import ErrorCode
 
-pytestmark = [pytest.mark.needs_broker, pytest.mark.skipif(TEST_BROKER != "kafka",
-                                reason="ACLs need Apache Kafka's authorizer")]
+pytestmark = pytest.mark.needs_broker
 NS, OTHER_NS = "shop", "bank"
 USERS = {name: uuid.uuid4().hex for name in
          ("admin", "engine", "manager", "sender", "listener", "banker")}

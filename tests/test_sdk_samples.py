@@ -5,8 +5,8 @@ import lines changed: one test per sample (see tests/sdk_samples.py).
 The samples run in parallel subprocesses, all at once before the first test
 reports; each test then reports its own sample (the tail of its output when
 it fails). The ones of ``CANNOT_RUN`` are expected to fail, strictly. The
-credential samples sign in with SASL: on Apache Kafka they run against a
-second cluster of this module with SASL users; the embedded broker has none."""
+credential samples sign in with SASL: they run against a second cluster of
+this module with SASL users."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from settlement.management import ServiceBusAdministrationClient
 from settlement.testing.apache_kafka import KafkaCluster
 from streams.process import EngineProcess
 from tests import sdk_samples
-from tests.helpers import TEST_BROKER
 from topics import rights
 from topics.connection import parse_connection_string
 
@@ -35,7 +34,7 @@ SASL_NAMESPACE = "samples"
 
 
 def _param(sample: sdk_samples.Sample) -> object:
-    unfit = sample.unfit(TEST_BROKER)
+    unfit = sample.unfit()
     marks = [pytest.mark.xfail(reason=unfit, strict=True)] if unfit else []
     return pytest.param(sample, id=sample.id, marks=marks)
 
@@ -78,7 +77,7 @@ def outcomes(request: pytest.FixtureRequest, conn: str, admin: ServiceBusAdminis
                 if item.module is request.module and hasattr(item, "callspec")]
     namespace = sdk_samples.Namespace(conn, admin)
     sasl = (request.getfixturevalue("sasl_namespace")
-            if TEST_BROKER == "kafka" and any(s.needs_sasl for s in selected) else namespace)
+            if any(s.needs_sasl for s in selected) else namespace)
     workdir = tmp_path_factory.mktemp("sdk-samples")
     # the long ones first, so that they do not end the run alone
     selected.sort(key=lambda s: s.base not in sdk_samples.SHORTENED_SLEEPS)

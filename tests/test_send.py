@@ -13,6 +13,9 @@ from settlement.exceptions import MessageSizeExceededError, MessagingEntityNotFo
 from topics import names
 from topics.offsets import log_end_offsets
 
+#: Core settlement: in the compatibility subset that also runs on Tansu.
+pytestmark = pytest.mark.tansu
+
 
 def test_send_returns_after_the_broker_acknowledged(client: ServiceBusClient,
                                                     make_queue: Callable[..., str]) -> None:

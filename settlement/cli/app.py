@@ -4,8 +4,9 @@ subscriptions and rules, send and receive.
 Every command that talks to a namespace takes ``--connection-string`` (or the
 ``SETTLEMENT_CONNECTION_STRING`` environment variable)::
 
-    settlement broker --port 9092              # embedded broker (Tansu, memory only)
-    settlement kafka --port 9092 --brokers 3   # Apache Kafka from Maven Central
+    settlement broker --port 9092              # Apache Kafka, its data in data/broker
+    settlement broker --tansu --port 9092      # Tansu instead: no JVM, memory only
+    settlement kafka --port 9092 --brokers 3   # Apache Kafka of three nodes
     settlement worker --connection-string "Endpoint=kafka://127.0.0.1:9092;Namespace=dev"
     export SETTLEMENT_CONNECTION_STRING="Endpoint=kafka://127.0.0.1:9092;Namespace=dev"
     settlement queue create orders --lock-duration 30 --max-delivery-count 5
@@ -52,7 +53,7 @@ from settlement.cli.base import (
     property_value,
     split_pair,
 )
-from settlement.cli.broker import run_broker, run_kafka
+from settlement.cli.broker import run_kafka, run_tansu
 from settlement.client import ServiceBusClient
 from settlement.dead_letters import purge_dead_letters, resubmit_dead_letters
 from settlement.exceptions import MessagingEntityNotFoundError, ServiceBusError
@@ -69,6 +70,8 @@ from topics.specs import ProvisioningError
 
 log = logging.getLogger(__name__)
 
+#: Where ``settlement broker`` keeps its data unless told (like ``worker``'s ``data/engine``).
+BROKER_DATA_DIR = "data/broker"
 #: Characters of a body shown by ``receive`` and ``dlq``.
 BODY_WIDTH = 60
 #: After the first messages arrive, how long a receive keeps draining for more.
@@ -97,10 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(common, top_level=False)
 
     broker = commands.add_parser(
-        "broker", parents=[common], help="run the embedded Kafka-protocol broker (Tansu)",
-        description="Run the embedded Tansu broker in the foreground until interrupted.")
-    broker.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    broker.add_argument("--port", type=int, default=9092, help="port to listen on")
+        "broker", parents=[common], help="run a broker: Apache Kafka, one node (or --tansu)",
+        description="Run one Apache Kafka node (KRaft, its jars fetched from Maven Central "
+                    "once) in the foreground until interrupted. Its data lives in --data-dir: "
+                    "started again on it, it has every message, lock, dead letter and session "
+                    "state it had.")
+    broker.add_argument("--port", type=int, default=9092, help="port to listen on "
+                        "(default 9092; a data directory keeps the port it was made with)")
+    broker.add_argument("--data-dir", default=None,
+                        help=f"where the broker keeps its data (default: {BROKER_DATA_DIR})")
+    broker.add_argument("--tansu", action="store_true",
+                        help="run Tansu instead: no JVM, but every message is kept in memory "
+                             "only, and some features need Apache Kafka (see the README)")
     broker.set_defaults(handler=cmd_broker)
 
     kafka = commands.add_parser(
@@ -334,7 +345,12 @@ def _not_a_topic(args: argparse.Namespace, entity: str) -> Iterator[None]:
 
 # ------------------------------------------------------------------------- commands
 def cmd_broker(args: argparse.Namespace) -> int:
-    return run_broker(args.host, args.port)
+    if args.tansu:
+        if args.data_dir is not None:
+            raise UsageError("--data-dir is for Apache Kafka: Tansu (--tansu) keeps "
+                             "everything in memory")
+        return run_tansu("127.0.0.1", args.port)
+    return run_kafka(args.port, 1, args.data_dir or BROKER_DATA_DIR, KAFKA_VERSION)
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:

@@ -1,10 +1,11 @@
 """``settlement broker`` and ``settlement kafka``: run a broker in the foreground.
 
-``broker`` runs the embedded Tansu broker (no JVM, memory only); ``kafka``
-runs Apache Kafka from its Maven Central jars, one node or three. Either
-prints where it listens (scripts wait for the ``bootstrap:`` line), then
-stays up until it is interrupted, and stops every process on the way out so
-no orphan is left behind.
+``broker`` runs one Apache Kafka node from its Maven Central jars, its data
+in a directory kept across restarts (``--tansu``: the in-memory Tansu, no
+JVM); ``kafka`` runs Apache Kafka of one node or three. Either prints where
+it listens (scripts wait for the ``bootstrap:`` line), then stays up until it
+is interrupted, and stops every process on the way out so no orphan is left
+behind.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from settlement.testing.maven import JarFetchError
 log = logging.getLogger(__name__)
 
 
-def run_broker(host: str, port: int) -> int:
-    """Run an :class:`EmbeddedBroker` on *host*:*port* until SIGINT or SIGTERM."""
+def run_tansu(host: str, port: int) -> int:
+    """Run an :class:`EmbeddedBroker` (Tansu) on *host*:*port* until SIGINT or SIGTERM."""
     broker = EmbeddedBroker(host=host, port=port)
     return _run(broker, lambda: [f"bootstrap: {broker.bootstrap}"])
 

@@ -16,7 +16,10 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
+
+from tqdm import tqdm
 
 log = logging.getLogger(__name__)
 POMS = Path(__file__).resolve().parent / "jars"
@@ -67,18 +70,35 @@ def fetch_jars(name: str, properties: dict[str, str],
     defines = [f"-D{key}={value}" for key, value in properties.items()]
     command = [mvn, "-q", "-B", "-f", str(POMS / name / "pom.xml"), *defines,
                *goals, f"-DoutputDirectory={staging}"]
-    log.info("fetching %s %s from Maven Central into %s", name, version, target)
-    done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if done.returncode != 0:
+    log.info("fetching %s %s from Maven Central into %s (once; about a minute)",
+             name, version, target)
+    started = time.monotonic()
+    returncode, output = _run_with_progress(command, f"fetching {name} {version}")
+    if returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        tail = "\n".join(output.strip().splitlines()[-15:])
         raise JarFetchError(
             f"Maven could not fetch {name} {version} from Maven Central (exit "
-            f"{done.returncode}); check the network or the proxy in ~/.m2/settings.xml, and "
+            f"{returncode}); check the network or the proxy in ~/.m2/settings.xml, and "
             f"that version {version} exists. Maven said:\n{tail}")
+    log.info("fetched %s %s in %.0f s", name, version, time.monotonic() - started)
     (staging / ".complete").touch()
     try:
         staging.rename(target)
     except OSError:  # a parallel run finished first; its copy is as good as ours
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _run_with_progress(command: list[str], what: str) -> tuple[int, str]:
+    """Run Maven (quiet, so it prints nothing while it works) under a progress
+    line with the time spent so far; its exit code and output."""
+    with tempfile.TemporaryFile() as output, \
+            tqdm(desc=what, bar_format="{desc}: {elapsed}", mininterval=1.0) as progress:
+        proc = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+        while proc.poll() is None:
+            time.sleep(1.0)
+            progress.update()
+        output.seek(0)
+        return proc.returncode, output.read().decode("utf-8", "replace")
