@@ -37,10 +37,11 @@ chromium:
 maven:
 	$(call apt_install,mvn,maven,it fetches Apache Kafka's and Spark's jars from Maven Central)
 
-# The tests that need no broker once, and those that need one on the embedded
-# broker and on Apache Kafka (one node; the fault tests start their own three):
-# three pytest sessions one after the other (tests/run-all.sh), each's time
-# printed; fails if any failed. make test PYTEST_ARGS="-x -k sessions" narrows them.
+# The tests that need no broker once, every test that needs one on Apache Kafka
+# (one node; the fault tests start their own three), and the compatibility
+# subset (marked `tansu`) on Tansu: three pytest sessions one after the other
+# (tests/run-all.sh), each's time printed; fails if any failed.
+# make test PYTEST_ARGS="-x -k sessions" narrows them.
 test: $(STAMP) java chromium maven
 	bash tests/run-all.sh $(BIN)/python $(PYTEST_ARGS)
 
