@@ -73,7 +73,7 @@ def test_connection_string_has_no_tuning_and_the_profile_is_detected(
     conn = broker.connection_string("orders")
     assert conn == f"Endpoint=kafka://127.0.0.1:{broker.port};Namespace=orders"
     profile = parse_connection_string(conn).profile
-    assert profile.kind == "embedded" and profile.fetch_max_wait_ms == 10
+    assert profile.kind == "tansu" and profile.fetch_max_wait_ms == 10
     assert not (profile.exact_list_offsets or profile.compacts or profile.deletes_records
                 or profile.transactions)
 

@@ -1,5 +1,5 @@
-"""What the broker behind a connection string can do: the one place where the
-embedded broker (Tansu) and Apache Kafka are told apart.
+"""What the broker behind a connection string can do: the one place where
+Tansu (the compatibility target) and Apache Kafka are told apart.
 
 Users write ``Endpoint=kafka://HOST:PORT;Namespace=NAME`` and nothing else;
 every broker-specific choice of the library and the engine reads a
@@ -8,7 +8,8 @@ every broker-specific choice of the library and the engine reads a
 Detection asks the broker to describe its own configuration (DescribeConfigs
 on a broker resource). Apache Kafka answers with hundreds of settings,
 ``log.cleaner.enable`` among them; Tansu 0.6 answers with none. The answer is
-cached per bootstrap list, so a process asks once. A broker that does not
+cached per bootstrap list, so a process asks once. The rest of the code reads
+the profile's capabilities, never its ``kind``. A broker that does not
 answer gets the cautious profile (short fetch waits, log ends from fetches,
 which are right on every broker), uncached, so the next client asks again;
 whatever it was about to do then fails with its own clear error.
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 class BrokerProfile:
     """The broker's behaviour that the library and the engine adapt to."""
 
-    kind: str  # "apache-kafka" or "embedded"
+    kind: str  # "apache-kafka" or "tansu"
     brokers: int
     wakes_waiting_fetches: bool
     exact_list_offsets: bool
@@ -67,8 +68,8 @@ class BrokerProfile:
 APACHE_KAFKA = BrokerProfile("apache-kafka", 1, wakes_waiting_fetches=True,
                              exact_list_offsets=True, compacts=True, deletes_records=True,
                              transactions=True)
-EMBEDDED = BrokerProfile("embedded", 1, wakes_waiting_fetches=False, exact_list_offsets=False,
-                         compacts=False, deletes_records=False, transactions=False)
+TANSU = BrokerProfile("tansu", 1, wakes_waiting_fetches=False, exact_list_offsets=False,
+                      compacts=False, deletes_records=False, transactions=False)
 
 _cache: dict[tuple[str, tuple[tuple[str, str], ...]], BrokerProfile] = {}
 _lock = threading.Lock()
@@ -82,7 +83,7 @@ def detect(config: dict[str, object]) -> BrokerProfile:
         if key not in _cache:
             found = _ask(config)
             if found is None:
-                return EMBEDDED
+                return TANSU
             _cache[key] = found
         return _cache[key]
 
@@ -101,5 +102,5 @@ def _ask(config: dict[str, object]) -> BrokerProfile | None:
         log.warning("no Kafka broker answered at %s (%s): is it running?",
                     config["bootstrap.servers"], exc)
         return None
-    template = APACHE_KAFKA if "log.cleaner.enable" in settings else EMBEDDED
+    template = APACHE_KAFKA if "log.cleaner.enable" in settings else TANSU
     return BrokerProfile(**{**template.__dict__, "brokers": len(metadata.brokers)})

@@ -1,6 +1,7 @@
 """``make demo``: every settlement path against a real broker and engine worker.
 
-Starts the embedded broker and one engine worker, creates queue ``orders``
+Starts Apache Kafka (one node, from its Maven Central jars, fetched once)
+and one engine worker, creates queue ``orders``
 (2 s locks, 3 deliveries at most) and drives complete, abandon, a lapsed lock,
 dead-letter, defer, max delivery count, batch completion, (on a second
 queue) receive-and-delete and (on a third, with duplicate detection) a
@@ -16,7 +17,7 @@ monitoring job turns the engine's events into metrics, the audit checks that
 no message was lost, stuck or settled twice, and the dashboard page is
 written to ``demo-output/dashboard.html`` (with a screenshot where Chromium
 is installed). Last, because it pauses the demo's broker, paired namespaces:
-a second embedded broker with its own engine is the secondary namespace of
+a second Apache Kafka node with its own engine is the secondary namespace of
 ``demo``; a sender paired with it sends to queue ``payments`` while the demo
 pauses its own broker (SIGSTOP) for a few seconds, so the sends carry on into
 backlog queues of the secondary (messages per second logged, with the
@@ -74,7 +75,9 @@ from settlement.management import (
     SqlRuleFilter,
 )
 from settlement.pairing import backlog_queue_names, read_status
-from settlement.testing.embedded import BrokerStartError, EmbeddedBroker
+from settlement.testing._local_broker import BrokerStartError
+from settlement.testing.apache_kafka import KafkaCluster
+from settlement.testing.maven import JarFetchError
 from streams.process import EngineProcess
 from topics.connection import parse_connection_string
 
@@ -768,8 +771,8 @@ def print_paired_summary(demo: Demo, sends: PairedSends, statuses: dict[str, str
 
 def run(workdir: Path) -> int:
     check_java()
-    with EmbeddedBroker() as broker:
-        log.info("embedded broker on %s", broker.bootstrap)
+    with KafkaCluster(data_dir=workdir / "broker") as broker:
+        log.info("Apache Kafka on %s", broker.bootstrap)
         conn = broker.connection_string(NAMESPACE)
         try:
             engine = EngineProcess(conn, workdir / "engine").start(WORKER_READY_TIMEOUT_S)
@@ -781,7 +784,7 @@ def run(workdir: Path) -> int:
             if code == 0:
                 code = monitor_and_dashboard(conn, OUTPUT_DIR)
             if code == 0:  # last: it pauses this broker
-                code = drive_paired(conn, broker.pid, workdir)
+                code = drive_paired(conn, broker.nodes[0].pid, workdir)
             # Free the clients' librdkafka handles (some sit in reference cycles)
             # while the broker is up, so they disconnect quietly.
             gc.collect()
@@ -879,11 +882,11 @@ def verdict(demo: Demo, success: str) -> int:
 
 
 def drive_paired(conn: str, primary_pid: int, workdir: Path) -> int:
-    """Paired namespaces: a second embedded broker with its own engine is the
+    """Paired namespaces: a second Apache Kafka node with its own engine is the
     secondary of the demo namespace, whose broker (``primary_pid``) is paused."""
-    log.info("[paired namespaces] a second embedded broker, with its own engine, is the "
+    log.info("[paired namespaces] a second Apache Kafka node, with its own engine, is the "
              "secondary namespace %r of %r", SECONDARY_NAMESPACE, NAMESPACE)
-    with EmbeddedBroker() as second:
+    with KafkaCluster(data_dir=workdir / "secondary-broker") as second:
         secondary = second.connection_string(SECONDARY_NAMESPACE)
         try:
             engine = EngineProcess(secondary, workdir / "secondary-engine").start(
@@ -908,15 +911,15 @@ def drive_paired(conn: str, primary_pid: int, workdir: Path) -> int:
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
-    for name in ("settlement.demo", "settlement.testing.embedded", "settlement.pairing",
-                 "settlement._syphon"):
+    for name in ("settlement.demo", "settlement.testing.apache_kafka",
+                 "settlement.testing.maven", "settlement.pairing", "settlement._syphon"):
         logging.getLogger(name).setLevel(logging.INFO)
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="settlement-demo-"))
     code = 1
     try:
         code = run(workdir)
-    except (DemoFailure, BrokerStartError) as exc:
+    except (DemoFailure, BrokerStartError, JarFetchError) as exc:
         log.error("%s", exc)
     except KeyboardInterrupt:
         log.error("interrupted")

@@ -354,7 +354,8 @@ class KafkaCluster:
     def _format(self, node: KafkaNode, cluster_id: str) -> None:
         done = self._storage_tool("format", "-t", cluster_id, "-c",
                                   str(node.directory / "server.properties"))
-        log.info("formatted KRaft storage of node %d: %s", node.node_id, done.strip())
+        log.info("formatted KRaft storage of node %d", node.node_id)
+        log.debug("kafka.tools.StorageTool format: %s", done.strip())
 
     def _random_cluster_id(self) -> str:
         return self._storage_tool("random-uuid").strip().splitlines()[-1]
