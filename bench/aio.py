@@ -1,6 +1,6 @@
 """Grouped settlements of the asyncio client: 1,000 concurrent ``await complete_message``.
 
-``python -m bench.aio [--broker embedded|kafka] [--messages N] [--concurrency 1000]``
+``python -m bench.aio [--broker kafka|tansu] [--messages N] [--concurrency 1000]``
 (``make bench-aio``) starts a broker and one engine worker, then measures on
 that one broker:
 
@@ -19,7 +19,7 @@ that one broker:
 
 Every message of phases 3 and 4 must be received and settled exactly once
 (by message id, and nothing left in the queue). The table goes to stdout,
-the figures to ``bench/results/aio.json`` (``aio-kafka.json`` on Apache Kafka).
+the figures to ``bench/results/aio-kafka.json`` (``aio-tansu.json`` on Tansu).
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.brokers import add_broker_argument, broker_label, broker_pid, new_broker, results_path
 from bench.measure import CpuMeter, Phase, Timed, percentile
 from bench.run import (
     LOCK_SECONDS,
-    RESULTS_DIR,
     check_exactly_once,
     machine_info,
     make_messages,
@@ -53,8 +53,6 @@ from bench.run import (
 )
 from settlement import ServiceBusClient, aio
 from settlement.management import ServiceBusAdministrationClient
-from settlement.testing.apache_kafka import KAFKA_VERSION, KafkaCluster
-from settlement.testing.embedded import EmbeddedBroker
 from streams.process import EngineProcess
 from topics.connection import parse_connection_string
 
@@ -129,8 +127,7 @@ async def concurrent_completes(conn: str, queue: str, ids: list[str], concurrenc
 
 def render(result: dict[str, Any]) -> str:
     ph = result["phases"]
-    broker = (f"Apache Kafka {KAFKA_VERSION}, 1 node" if result["broker"] == "kafka"
-              else "embedded Tansu broker")
+    broker = broker_label(result["broker"])
     m = result["machine"]
     lines = ["", f"asyncio settlements ({broker}, 1 engine worker); machine: {m['cores']} "
              f"cores, {m['cpu_model']}, {m['implementation']} {m['python']}",
@@ -158,14 +155,14 @@ def render(result: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.aio", description=__doc__.split("\n")[0])
-    p.add_argument("--broker", choices=["embedded", "kafka"], default="embedded")
+    add_broker_argument(p)
     p.add_argument("--messages", "-n", type=int, default=20_000,
                    help="messages per phase (default 20000)")
     p.add_argument("--size", type=int, default=1024, help="body bytes (default 1024)")
     p.add_argument("--concurrency", type=int, default=1000,
                    help="concurrent complete_message calls (default 1000)")
     p.add_argument("--output", type=Path, default=None,
-                   help="default bench/results/aio.json (aio-kafka.json on Apache Kafka)")
+                   help="default bench/results/aio-kafka.json (aio-tansu.json on Tansu)")
     p.add_argument("--keep-logs", action="store_true")
     return p.parse_args(argv)
 
@@ -174,15 +171,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def broker_and_engine(kind: str, work: Path) -> Iterator[tuple[str, CpuMeter, EngineProcess]]:
     """A fresh broker of ``kind`` with one engine worker: the namespace's
     connection string, a CPU meter of the three processes, the worker."""
-    broker: EmbeddedBroker | KafkaCluster = (
-        KafkaCluster(data_dir=work / "kafka") if kind == "kafka"
-        else EmbeddedBroker(log_path=work / "broker.log"))
-    with broker:
+    with new_broker(kind, work) as broker:
         conn = broker.connection_string(NAMESPACE)
-        broker_pid = broker.nodes[0].pid if isinstance(broker, KafkaCluster) else broker.pid
         with EngineProcess(conn, work / "engine", timer_interval=0.5) as worker:
             yield conn, CpuMeter({"client": os.getpid(), "engine": worker.pid,
-                                  "broker": broker_pid}), worker
+                                  "broker": broker_pid(broker)}), worker
 
 
 def measure(args: argparse.Namespace, work: Path, step: Callable[[str], None]
@@ -245,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "total_seconds": round(time.monotonic() - started, 1),
     }
     print(render(result), flush=True)
-    output = args.output or RESULTS_DIR / f"aio{'-kafka' if args.broker == 'kafka' else ''}.json"
+    output = args.output or results_path("aio", args.broker)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {output} (whole bench {result['total_seconds']}s)")

@@ -2,10 +2,10 @@
 its primary is healthy, how it carries on while the primary is paused, and
 how long the way back takes.
 
-``python -m bench.pairing [--broker embedded|kafka] [--calls 1000]
+``python -m bench.pairing [--broker kafka|tansu] [--calls 1000]
 [--batch-calls 100] [--failover-interval 2]`` (``make bench-pairing``)
-starts two brokers of the chosen kind (the embedded Tansu, or Apache Kafka
-single nodes), each with its own engine worker: the primary namespace
+starts two brokers of the chosen kind (Apache Kafka single nodes by
+default, or Tansu), each with its own engine worker: the primary namespace
 ``benchprimary`` and the secondary ``benchsecondary``. A client paired with
 the secondary (``SendAvailabilityPairedNamespaceOptions(secondary,
 failover_interval=...)``, 10 backlog queues) sends to the queue ``orders`` of
@@ -36,8 +36,8 @@ Then every message the paired client sent is received from the primary
 receiver) and must be there exactly once, with none left in the backlog.
 Throughput is messages over the summed durations of back-to-back calls;
 p50/p99 are per call. The table prints each figure beside the baselines of
-the same run; the figures go to ``bench/results/pairing.json``
-(``pairing-kafka.json`` on Apache Kafka).
+the same run; the figures go to ``bench/results/pairing-kafka.json``
+(``pairing-tansu.json`` on Tansu).
 """
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ from typing import Any
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from bench.brokers import add_broker_argument, broker_label, broker_pid, new_broker, results_path
 from bench.measure import CpuMeter, percentile
-from bench.run import LOCK_SECONDS, RESULTS_DIR, machine_info, settle_in_batches, wait_for_engine
+from bench.run import LOCK_SECONDS, machine_info, settle_in_batches, wait_for_engine
 from bench.sessions import table
 from settlement import (
     SendAvailabilityPairedNamespaceOptions,
@@ -72,7 +73,7 @@ from settlement import (
 )
 from settlement.management import ServiceBusAdministrationClient
 from settlement.pairing import backlog_queue_names
-from settlement.testing.apache_kafka import KAFKA_VERSION, KafkaCluster
+from settlement.testing.apache_kafka import KafkaCluster
 from settlement.testing.embedded import EmbeddedBroker
 from streams.process import EngineProcess
 
@@ -105,9 +106,7 @@ class Cluster:
     @property
     def pid(self) -> int:
         """The broker's process: what SIGSTOP pauses."""
-        if isinstance(self.broker, KafkaCluster):
-            return self.broker.nodes[0].pid  # its one node (node ids start at 1)
-        return self.broker.pid
+        return broker_pid(self.broker)
 
     def pause(self) -> float:
         """SIGSTOP the broker; seconds until every thread of it has stopped
@@ -130,11 +129,9 @@ def _state(task: Path) -> str:
 @contextmanager
 def cluster(kind: str, work: Path, namespace: str) -> Iterator[Cluster]:
     work.mkdir(parents=True)
-    broker: EmbeddedBroker | KafkaCluster = (
-        KafkaCluster(data_dir=work / "kafka") if kind == "kafka"
-        else EmbeddedBroker(log_path=work / "broker.log"))
-    with broker, EngineProcess(broker.connection_string(namespace), work / "engine",
-                               timer_interval=0.5) as engine:
+    with (new_broker(kind, work) as broker,
+          EngineProcess(broker.connection_string(namespace), work / "engine",
+                        timer_interval=0.5) as engine):
         yield Cluster(broker, engine)
 
 
@@ -403,8 +400,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------ report
 def render(result: dict[str, Any]) -> str:
     m, b = result["machine"], result["back"]
-    broker = {"kafka": f"Apache Kafka {KAFKA_VERSION}, 1 node each"}.get(
-        result["broker"], "embedded Tansu broker each")
+    broker = broker_label(result["broker"], each=True)
     rows: list[tuple[str, ...]] = []
     for when, figures, where in (("healthy", result["healthy"], "primary"),
                                  ("paused", result["paused"], "secondary")):
@@ -468,12 +464,11 @@ def render(result: dict[str, Any]) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.pairing",
                                 description=__doc__.split("\n")[0])
-    p.add_argument("--broker", choices=["embedded", "kafka"], default="embedded",
-                   help="two embedded Tansu brokers, or two single-node Apache Kafka clusters")
+    add_broker_argument(p)
     p.add_argument("--keep-logs", action="store_true",
                    help="keep the scratch dir: both brokers' and workers' logs")
     p.add_argument("--output", type=Path, help="JSON results (default "
-                   "bench/results/pairing.json; pairing-kafka.json on Apache Kafka)")
+                   "bench/results/pairing-kafka.json; pairing-tansu.json on Tansu)")
     p.add_argument("--calls", type=int, default=1000,
                    help="calls of one message per sender and stretch (default 1,000)")
     p.add_argument("--batch-calls", type=int, default=100,
@@ -494,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scratch dir kept: {work}", file=sys.stderr)
         raise
     print(render(result), flush=True)
-    output = args.output or RESULTS_DIR / f"pairing{'-kafka' * (args.broker == 'kafka')}.json"
+    output = args.output or results_path("pairing", args.broker)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {output} (whole bench {result['total_seconds']}s)")

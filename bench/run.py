@@ -1,8 +1,9 @@
 """Throughput and latency of the settlement layer against raw Kafka.
 
-``python -m bench.run [--broker embedded|kafka] [--messages N] [--size 1024]``
-starts a broker (the embedded Tansu, or Apache Kafka from Maven Central, one
-node) and one engine worker subprocess, then measures on that one broker:
+``python -m bench.run [--broker kafka|tansu] [--messages N] [--size 1024]``
+starts a broker (Apache Kafka from Maven Central, one node, by default; or
+Tansu, the embedded broker) and one engine worker subprocess, then measures
+on that one broker:
 
 1. raw Kafka: confluent-kafka produce (acks=all, idempotent) and a plain
    assigned consumer (no commits), on a fresh topic;
@@ -19,8 +20,9 @@ node) and one engine worker subprocess, then measures on that one broker:
 
 Every settled phase checks by message id that each message was settled
 exactly once. The table goes to stdout and the same figures as JSON to
-``bench/results/latest.json``. CPU seconds of the client, engine and broker
-processes are recorded per phase to show which one is the bottleneck.
+``bench/results/latest-kafka.json`` (``latest-tansu.json`` on Tansu). CPU
+seconds of the client, engine and broker processes are recorded per phase
+to show which one is the bottleneck.
 """
 
 from __future__ import annotations
@@ -48,19 +50,16 @@ import confluent_kafka
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from bench.brokers import add_broker_argument, broker_label, broker_pid, new_broker, results_path
 from bench.measure import CpuMeter, Phase, Timed, percentile
 from settlement import ServiceBusClient, ServiceBusMessage
 from settlement.exceptions import OperationTimeoutError, ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
 from settlement.receiver import ServiceBusReceiveMode
 from settlement.sender import ServiceBusSender
-from settlement.testing.apache_kafka import KAFKA_VERSION, KafkaCluster
-from settlement.testing.embedded import EmbeddedBroker
 from streams.process import EngineProcess
 from topics.connection import parse_connection_string
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = ROOT / "bench" / "results"
 NAMESPACE = "bench"
 LOCK_SECONDS = 300  # the longest lock a queue allows: no lapse can blur the counts
 IDLE_S = 10.0       # a phase gives up after this long without a message
@@ -617,11 +616,9 @@ def fmt_rate(x: float) -> str:
 def render(machine: dict[str, Any], args: argparse.Namespace, phases: dict[str, Phase],
            derived: dict[str, Any]) -> str:
     raw_p, raw_c = phases["raw_produce"].rate, phases["raw_consume"].rate
-    broker = (f"Apache Kafka {KAFKA_VERSION}, 1 node" if args.broker == "kafka"
-              else "embedded Tansu broker")
     lines = [
         "",
-        f"Settlement layer benchmark ({broker}, 1 engine worker)",
+        f"Settlement layer benchmark ({broker_label(args.broker)}, 1 engine worker)",
         f"machine: {machine['cores']} cores ({machine['usable_cores']} usable), "
         f"{machine['cpu_model']}; {machine['implementation']} {machine['python']}; "
         f"confluent-kafka {machine['confluent_kafka']} / librdkafka {machine['librdkafka']}",
@@ -753,9 +750,7 @@ def why_missed(target: Target, phases: dict[str, Phase]) -> str:
 # --------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
-    p.add_argument("--broker", choices=["embedded", "kafka"], default="embedded",
-                   help="the embedded Tansu broker, or Apache Kafka (one node, with Kafka's "
-                        "share groups measured beside; default embedded)")
+    add_broker_argument(p)
     p.add_argument("--messages", "-n", type=int, default=20_000,
                    help="messages per throughput phase (default 20000)")
     p.add_argument("--size", type=int, default=1024, help="body bytes (default 1024)")
@@ -778,8 +773,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--latency-samples", type=int, default=300,
                    help="single complete_message calls timed (default 300)")
     p.add_argument("--output", type=Path, default=None,
-                   help="where to write the JSON results (default bench/results/latest.json, "
-                        "latest-kafka.json on Apache Kafka)")
+                   help="where to write the JSON results (default "
+                        "bench/results/latest-kafka.json, latest-tansu.json on Tansu)")
     p.add_argument("--no-spark", action="store_true",
                    help="skip the Spark phases (they start a SparkSession, ~15 s)")
     p.add_argument("--monitor-samples", type=int, default=5,
@@ -793,8 +788,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     if args.output is None:
-        args.output = RESULTS_DIR / ("latest-kafka.json" if args.broker == "kafka"
-                                     else "latest.json")
+        args.output = results_path("latest", args.broker)
     machine = machine_info()
     work = Path(tempfile.mkdtemp(prefix="settlement-bench-"))
     n, size = args.messages, args.size
@@ -802,16 +796,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     ok = False
     print(f"bench: {n:,} messages x {size} B per phase; scratch dir {work}", flush=True)
-    broker: EmbeddedBroker | KafkaCluster = (
-        KafkaCluster(data_dir=work / "kafka") if args.broker == "kafka"
-        else EmbeddedBroker(log_path=work / "broker.log"))
-    broker.start()
+    broker = new_broker(args.broker, work).start()
     worker = None
     try:
         conn = broker.connection_string(NAMESPACE)
         worker = EngineProcess(conn, work / "engine", timer_interval=0.5).start()
-        pids = {"client": os.getpid(), "engine": worker.pid, "broker": (
-            broker.nodes[0].pid if isinstance(broker, KafkaCluster) else broker.pid)}
+        pids = {"client": os.getpid(), "engine": worker.pid, "broker": broker_pid(broker)}
         meter = CpuMeter(pids)
 
         def step(msg: str) -> None:

@@ -1,7 +1,7 @@
 """Does the engine's cost stay with what is in flight? Settle rates next to a
 huge dead-letter queue and a huge backlog, and recovery after ``kill -9``.
 
-``python -m bench.scale [--broker embedded|kafka] [--parked 1000000]
+``python -m bench.scale [--broker kafka|tansu] [--parked 1000000]
 [--backlog 1000000] [--sample 20000]`` (``make bench-scale``) starts a broker
 and one engine worker, then measures on that one broker:
 
@@ -17,7 +17,8 @@ and one engine worker, then measures on that one broker:
    completed again, with the dead letters still parked.
 
 Ratios are printed against the targets of issue 9 (>= 0.8; recovery <= 10 s);
-the figures also go to ``bench/results/scale[-kafka].json``.
+the figures also go to ``bench/results/scale-kafka.json`` (``scale-tansu.json``
+on Tansu).
 """
 
 from __future__ import annotations
@@ -31,11 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.run import RESULTS_DIR, machine_info, make_messages, send
+from bench.brokers import add_broker_argument, new_broker, results_path
+from bench.run import machine_info, make_messages, send
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from settlement.management import ServiceBusAdministrationClient
-from settlement.testing.apache_kafka import KafkaCluster
-from settlement.testing.embedded import EmbeddedBroker
 from streams.process import EngineProcess
 
 BATCH = 1000
@@ -104,7 +104,7 @@ def round_trip(client: ServiceBusClient, queue: str, deadline: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.scale")
-    p.add_argument("--broker", choices=["embedded", "kafka"], default="embedded")
+    add_broker_argument(p)
     p.add_argument("--parked", type=int, default=1_000_000, help="dead letters to park")
     p.add_argument("--backlog", type=int, default=1_000_000, help="messages in the backlog")
     p.add_argument("--sample", type=int, default=20_000, help="messages settled per rate")
@@ -113,9 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     work = Path(tempfile.mkdtemp(prefix="settlement-scale-"))
-    broker: EmbeddedBroker | KafkaCluster = (
-        KafkaCluster(data_dir=work / "kafka") if args.broker == "kafka"
-        else EmbeddedBroker(log_path=work / "broker.log"))
+    broker = new_broker(args.broker, work)
     results: dict[str, Any] = {"machine": machine_info(), "broker": args.broker,
                                "parked": args.parked, "backlog": args.backlog,
                                "sample": args.sample}
@@ -174,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     render(results)
-    out = RESULTS_DIR / ("scale-kafka.json" if args.broker == "kafka" else "scale.json")
+    out = results_path("scale", args.broker)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"written to {out}")
     return 0

@@ -1,6 +1,6 @@
 """Sessions at scale beside a plain queue of the same run.
 
-``python -m bench.sessions [--broker embedded|kafka] [--sessions 2000]
+``python -m bench.sessions [--broker kafka|tansu] [--sessions 2000]
 [--per-session 10] [--receivers 4] [--idle 100000] [--probes 200]``
 (``make bench-sessions``) starts a broker and one engine worker, then
 measures on that one broker:
@@ -47,7 +47,7 @@ after a compaction) and the number of keys in its tables (read from a
 read-only open of that directory), taken after each phase: the plain
 queue's beside the session queue's. The table prints each figure beside the
 plain queue's of the same run; the figures go to
-``bench/results/sessions.json`` (``sessions-kafka.json`` on Apache Kafka).
+``bench/results/sessions-kafka.json`` (``sessions-tansu.json`` on Tansu).
 """
 
 from __future__ import annotations
@@ -70,10 +70,10 @@ from typing import Any
 
 from rocksdict import AccessType, Options, Rdict
 
+from bench.brokers import add_broker_argument, broker_label, broker_pid, new_broker, results_path
 from bench.measure import CpuMeter, Phase, Timed, percentile
 from bench.run import (
     LOCK_SECONDS,
-    RESULTS_DIR,
     check_exactly_once,
     machine_info,
     make_messages,
@@ -87,8 +87,6 @@ from bench.topics import CHUNK, drain_in_threads, publish
 from settlement import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessage
 from settlement.exceptions import OperationTimeoutError
 from settlement.management import ServiceBusAdministrationClient
-from settlement.testing.apache_kafka import KAFKA_VERSION, KafkaCluster
-from settlement.testing.embedded import EmbeddedBroker
 from streams.process import EngineProcess
 
 NAMESPACE = "benchsessions"
@@ -405,8 +403,7 @@ def render(result: dict[str, Any]) -> str:
     ph, st, m = result["phases"], result["engine_state"], result["machine"]
     qs, qb, qp = ph["queue_settle"], ph["queue_settle_best"], ph["queue_send"]
     ss, sp = ph["session_settle"], ph["session_send"]
-    broker = {"kafka": f"Apache Kafka {KAFKA_VERSION}, 1 node"}.get(result["broker"],
-                                                                    "embedded Tansu broker")
+    broker = broker_label(result["broker"])
     e2e = ss["messages"] / (sp["seconds"] + ss["send_end_to_all_accepted_s"] + ss["seconds"])
     e2e_q = qs["messages"] / (qp["seconds"] + qs["seconds"])
     rows = [
@@ -488,9 +485,9 @@ SIZES = {"sessions": (2_000, "sessions of the session queue (the issue's scale: 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.sessions",
                                 description=__doc__.split("\n")[0])
-    p.add_argument("--broker", choices=["embedded", "kafka"], default="embedded")
+    add_broker_argument(p)
     p.add_argument("--output", type=Path, help="JSON results (default "
-                   "bench/results/sessions.json; sessions-kafka.json on Apache Kafka)")
+                   "bench/results/sessions-kafka.json; sessions-tansu.json on Tansu)")
     for name, (default, what) in SIZES.items():
         p.add_argument(f"--{name}", type=int, default=default,
                        help=f"{what} (default {default:,})")
@@ -503,14 +500,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def running(kind: str, work: Path) -> Iterator[tuple[str, EngineProcess, CpuMeter]]:
     """A broker of ``kind`` and one engine worker: the connection string, the
     worker and a meter of the client's, engine's and broker's CPU."""
-    broker: EmbeddedBroker | KafkaCluster = (
-        KafkaCluster(data_dir=work / "kafka") if kind == "kafka"
-        else EmbeddedBroker(log_path=work / "broker.log"))
-    with broker:
+    with new_broker(kind, work) as broker:
         conn = broker.connection_string(NAMESPACE)
         with EngineProcess(conn, work / "engine", timer_interval=0.5) as worker:
-            yield conn, worker, CpuMeter({"client": os.getpid(), "engine": worker.pid, "broker": (
-                broker.nodes[0].pid if isinstance(broker, KafkaCluster) else broker.pid)})
+            yield conn, worker, CpuMeter({"client": os.getpid(), "engine": worker.pid,
+                                          "broker": broker_pid(broker)})
 
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -570,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"scratch dir kept: {work}", file=sys.stderr)
     print(render(result), flush=True)
-    output = args.output or RESULTS_DIR / f"sessions{'-kafka' * (args.broker == 'kafka')}.json"
+    output = args.output or results_path("sessions", args.broker)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {output} (whole bench {result['total_seconds']}s)")

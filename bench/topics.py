@@ -1,6 +1,6 @@
 """A topic with ten filtered subscriptions beside a plain queue of the same run.
 
-``python -m bench.topics [--broker embedded|kafka] [--messages N]
+``python -m bench.topics [--broker kafka|tansu] [--messages N]
 [--drain sequential|threads]`` (``make bench-topics``) starts a broker and
 one engine worker, then measures on that one broker:
 
@@ -27,7 +27,7 @@ application property), none twice, none left or dead-lettered
 (``get_subscription_runtime_properties``). The table prints each figure
 beside the plain queue's, with the evaluations/s of compiled filters on one
 core (``bench.filters``) next to the 100,000/s target; the figures go to
-``bench/results/topics.json`` (``topics-kafka.json`` on Apache Kafka).
+``bench/results/topics-kafka.json`` (``topics-tansu.json`` on Tansu).
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import filters
+from bench.brokers import add_broker_argument, broker_label, broker_pid, new_broker, results_path
 from bench.measure import CpuMeter, Phase, Timed
 from bench.run import (
     IDLE_S,
     LOCK_SECONDS,
-    RESULTS_DIR,
     final_check,
     machine_info,
     make_messages,
@@ -64,8 +64,6 @@ from settlement import ServiceBusClient, ServiceBusMessage
 from settlement.management import ServiceBusAdministrationClient, SqlRuleFilter
 from settlement.receiver import ServiceBusReceiver
 from settlement.sender import ServiceBusSender
-from settlement.testing.apache_kafka import KAFKA_VERSION, KafkaCluster
-from settlement.testing.embedded import EmbeddedBroker
 from streams.process import EngineProcess
 from topics.rules import MessageView, compile_filter
 
@@ -250,8 +248,7 @@ def render(result: dict[str, Any]) -> str:
     ph = result["phases"]
     tp, ts = ph["topic_publish"], ph["topic_settle"]
     qp, qs = ph["queue_send"], ph["queue_settle"]
-    broker = (f"Apache Kafka {KAFKA_VERSION}, 1 node" if result["broker"] == "kafka"
-              else "embedded Tansu broker")
+    broker = broker_label(result["broker"])
     m = result["machine"]
     lines = [
         "",
@@ -311,7 +308,7 @@ def render(result: dict[str, Any]) -> str:
 # --------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.topics")
-    p.add_argument("--broker", choices=["embedded", "kafka"], default="embedded")
+    add_broker_argument(p)
     p.add_argument("--messages", type=int, default=20_000,
                    help="messages published to the topic and sent to the queue (default "
                         "20,000: 2,000 per subscription)")
@@ -323,8 +320,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--filter-seconds", type=float, default=0.5,
                    help="measuring time per filter of the evaluations/s line")
     p.add_argument("--output", type=Path, default=None,
-                   help="JSON results (default bench/results/topics.json, topics-kafka.json "
-                        "on Apache Kafka)")
+                   help="JSON results (default bench/results/topics-kafka.json, "
+                        "topics-tansu.json on Tansu)")
     p.add_argument("--keep-logs", action="store_true",
                    help="keep the broker and worker logs and the engine's data dir")
     return p.parse_args(argv)
@@ -333,17 +330,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    output = args.output or RESULTS_DIR / ("topics-kafka.json" if args.broker == "kafka"
-                                           else "topics.json")
+    output = args.output or results_path("topics", args.broker)
     work = Path(tempfile.mkdtemp(prefix="settlement-topics-"))
     started = time.monotonic()
 
     def step(msg: str) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {msg}", flush=True)
 
-    broker: EmbeddedBroker | KafkaCluster = (
-        KafkaCluster(data_dir=work / "kafka") if args.broker == "kafka"
-        else EmbeddedBroker(log_path=work / "broker.log"))
+    broker = new_broker(args.broker, work)
     phases: dict[str, Phase] = {}
     ok = False
     step(f"starting the {args.broker} broker; scratch dir {work}")
@@ -351,8 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         with broker:
             conn = broker.connection_string(NAMESPACE)
             with EngineProcess(conn, work / "engine", timer_interval=0.5) as worker:
-                meter = CpuMeter({"client": os.getpid(), "engine": worker.pid, "broker": (
-                    broker.nodes[0].pid if isinstance(broker, KafkaCluster) else broker.pid)})
+                meter = CpuMeter({"client": os.getpid(), "engine": worker.pid,
+                                  "broker": broker_pid(broker)})
                 with (ServiceBusAdministrationClient.from_connection_string(conn) as admin,
                       ServiceBusClient.from_connection_string(conn) as client):
                     for queue in ("warmup", QUEUE):
