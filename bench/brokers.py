@@ -48,7 +48,7 @@ def broker_label(kind: str, each: bool = False) -> str:
     """The broker as the printed tables name it; ``each`` for a bench that
     starts several of them."""
     label = {"kafka": f"Apache Kafka {KAFKA_VERSION}, 1 node",
-             "tansu": "embedded Tansu broker"}[kind]
+             "tansu": "Tansu, in memory"}[kind]
     return f"{label} each" if each else label
 
 
