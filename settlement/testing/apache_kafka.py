@@ -374,9 +374,13 @@ class KafkaCluster:
                     for n in self.nodes if n.proc is not None and n.proc.poll() is not None]
             return "; ".join(dead) or None
 
-        wait_until_answering(self.bootstrap, brokers, START_TIMEOUT_S,
-                             f"Apache Kafka {self.version}", failure, self.log_tail,
-                             self._admin_security())
+        # Each node on its own: a node registered with the quorum may not take
+        # connections yet, and a client sent to it then fails (Faust's topic
+        # creation gives up at once with NodeNotReadyError).
+        for node in self.nodes:
+            wait_until_answering(f"{_HOST}:{node.port}", brokers, START_TIMEOUT_S,
+                                 f"Apache Kafka {self.version} node {node.node_id}", failure,
+                                 self.log_tail, self._admin_security())
 
     def __enter__(self) -> Self:
         return self.start()
