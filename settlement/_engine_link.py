@@ -4,6 +4,10 @@ Each client owns one reply partition (picked at random) and a consumer
 assigned to it; answers are matched to commands by id. A command that gets no
 answer in time is sent again under the same id: the engine answers a
 repeated id with its first answer, so a retry never grants or settles twice.
+
+A settlement needs no answer when Kafka stamped it (LogAppendTime) before
+the lock it settles ended: the engine judges it by that time, so it is final
+once appended (``final_before_ms``; docs/settlement-by-log.md).
 """
 
 from __future__ import annotations
@@ -16,7 +20,15 @@ import uuid
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from settlement._retry import SERVER_BUSY_WAIT_S, RetryPolicy
 from settlement.exceptions import (
@@ -33,6 +45,7 @@ from topics.commands import (
     Command,
     Reply,
     ReplyAddress,
+    SettleArgs,
     decode_reply,
     encode_command,
 )
@@ -44,6 +57,10 @@ from topics.partitions import command_partition
 log = logging.getLogger(__name__)
 
 
+#: How long before a lock's end a settlement must have been appended to be
+#: final without the engine's answer: the design's bound on how far a
+#: broker's clock may step back (docs/settlement-by-log.md).
+CLOCK_STEP_BOUND_MS = 500
 #: errors of a partition whose leader is not in place yet
 _NOT_READY = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
                         KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT})
@@ -89,6 +106,9 @@ class EngineLink:
         end = self._reply_end(tp)
         self._consumer.assign([TopicPartition(reply_topic, self.reply_partition, end)])
         self._waiting: dict[str, Future[Reply]] = {}
+        #: command id -> when Kafka appended it (ms), for the settlements
+        #: that may be final once appended
+        self._appended: dict[str, int] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._read_replies, name="engine-replies",
@@ -112,12 +132,17 @@ class EngineLink:
         return Command(uuid.uuid4().hex, entity, partition, args,
                        ReplyAddress(self.reply_partition, self.client_id))
 
-    def call(self, cmd: Command[ClientArgs]) -> Reply:
-        """Send ``cmd`` and return its answer, retrying under the same id."""
-        return self.call_many([cmd])[0]
+    def call(self, cmd: Command[ClientArgs], *, final_before_ms: int | None = None,
+             timeout: float | None = None) -> Reply:
+        """Send ``cmd`` and return its answer, retrying under the same id.
 
-    def call_many(self, cmds: list[Command[ClientArgs]], *, timeout: float | None = None
-                  ) -> list[Reply]:
+        ``final_before_ms``: ``cmd`` settles locks that end then (ms since
+        the epoch); if Kafka appends it early enough, it is final and
+        answered ok for every item without waiting for the engine."""
+        return self.call_many([cmd], timeout=timeout, final_before_ms=final_before_ms)[0]
+
+    def call_many(self, cmds: list[Command[ClientArgs]], *, timeout: float | None = None,
+                  final_before_ms: int | None = None) -> list[Reply]:
         """Send several commands at once and wait for all of their answers.
 
         Commands without an answer in time, or answered busy, are sent again
@@ -131,7 +156,7 @@ class EngineLink:
         retried = 0
         while True:
             self._wait_while_busy({c.entity for c in pending})
-            error = self._attempt(pending, replies, deadline)
+            error = self._attempt(pending, replies, deadline, final_before_ms)
             if error is None:
                 return [replies[c.id] for c in cmds]
             pending = [c for c in pending if c.id not in replies]
@@ -144,7 +169,8 @@ class EngineLink:
             retried += 1
 
     def _attempt(self, cmds: list[Command[ClientArgs]], replies: dict[str, Reply],
-                 call_deadline: float | None = None) -> ServiceBusError | None:
+                 call_deadline: float | None = None, final_before_ms: int | None = None
+                 ) -> ServiceBusError | None:
         """Send ``cmds`` once; put their answers in ``replies``, waiting
         ``attempt_timeout`` at most (or until ``call_deadline``). Returns the
         error that stands for those left without one (busy, timed out or
@@ -153,10 +179,13 @@ class EngineLink:
         deadline = started + self.attempt_timeout
         if call_deadline is not None:
             deadline = min(deadline, call_deadline)
-        futures = [(c, self._send(c)) for c in cmds]
+        futures = [(c, self._send(c, appended=final_before_ms is not None)) for c in cmds]
         self._producer.flush(max(0.0, deadline - time.monotonic()))
         error: ServiceBusError | None = None
         for cmd, fut in futures:
+            if final_before_ms is not None and self._final(cmd, final_before_ms):
+                replies[cmd.id] = _all_ok(cmd)
+                continue
             try:
                 reply = fut.result(max(0.0, deadline - time.monotonic()))
             except FutureTimeout:
@@ -167,6 +196,7 @@ class EngineLink:
             finally:
                 with self._lock:
                     self._waiting.pop(cmd.id, None)
+                    self._appended.pop(cmd.id, None)
             if reply.ok or reply.error_code != ErrorCode.SERVER_BUSY:
                 replies[cmd.id] = reply
                 continue
@@ -193,7 +223,18 @@ class EngineLink:
                      ", ".join(sorted(entities)))
             time.sleep(pause)
 
-    def _send(self, cmd: Command[ClientArgs]) -> Future[Reply]:
+    def _final(self, cmd: Command[ClientArgs], final_before_ms: int) -> bool:
+        """Whether Kafka appended ``cmd`` early enough to be final (and then
+        its answer is not waited for)."""
+        with self._lock:
+            appended = self._appended.pop(cmd.id, None)
+            if appended is None or appended >= final_before_ms - CLOCK_STEP_BOUND_MS:
+                return False
+            self._waiting.pop(cmd.id, None)
+        return True
+
+    def _send(self, cmd: Command[ClientArgs], *, appended: bool = False) -> Future[Reply]:
+        """Produce ``cmd``; ``appended``: note when Kafka appended it."""
         fut: Future[Reply] = Future()
         with self._lock:
             self._waiting[cmd.id] = fut
@@ -201,17 +242,24 @@ class EngineLink:
             self._producer.produce(
                 self._commands_topic, encode_command(cmd), key=cmd.window_key.encode(),
                 partition=command_partition(cmd.window_key, self._engine_partitions),
-                on_delivery=lambda err, _msg: self._delivered(cmd.id, err),
+                on_delivery=lambda err, msg: self._delivered(cmd.id, err, msg, appended),
             )
         except BufferError:
             self._producer.poll(0.1)
-            return self._send(cmd)
+            return self._send(cmd, appended=appended)
         self._producer.poll(0)
         return fut
 
-    def _delivered(self, cmd_id: str, err: KafkaError | None) -> None:
-        """Fail the command's call if the command could not be sent."""
+    def _delivered(self, cmd_id: str, err: KafkaError | None, msg: Message,
+                   appended: bool) -> None:
+        """Note when Kafka appended the command (if asked to, and Kafka
+        stamped it), or fail the command's call if it could not be sent."""
         if err is None:
+            kind, stamp = msg.timestamp()
+            if appended and kind == TIMESTAMP_LOG_APPEND_TIME:
+                with self._lock:
+                    if cmd_id in self._waiting:  # not given up on meanwhile
+                        self._appended[cmd_id] = stamp
             return
         with self._lock:
             fut = self._waiting.pop(cmd_id, None)
@@ -241,3 +289,12 @@ class EngineLink:
         self._thread.join(timeout=5)
         self._consumer.close()
         self._producer.flush(5)
+
+
+def _all_ok(cmd: Command[ClientArgs]) -> Reply:
+    """The engine's answer to a settlement that is final once appended: ok
+    for every item (it applies each, since each lock held when it was
+    appended)."""
+    assert isinstance(cmd.args, SettleArgs)
+    return Reply(cmd.id, cmd.reply.client if cmd.reply else "", True,
+                 {"results": [["ok", 0] for _ in cmd.args.items]})

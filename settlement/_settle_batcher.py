@@ -5,7 +5,9 @@ call would cost one engine command, and the engine handles a few hundred
 commands a second. Here the first caller for a window becomes the leader and
 sends one command with every item queued for that window; callers that arrive
 while it is in flight queue up and the next leader sends them together. Each
-caller still gets exactly its own answers.
+caller still gets exactly its own answers. A command may be final once Kafka
+appended it (``final_before_ms``, :mod:`settlement._engine_link`) only if
+every request in it may.
 """
 
 from __future__ import annotations
@@ -17,9 +19,17 @@ from settlement._engine_link import EngineLink
 from topics.commands import MAX_ACQUIRE, Reply, SettleArgs, SettleItem
 
 
+def earliest(ends: list[int | None]) -> int | None:
+    """The lock end that settlements sent together must be appended before
+    to be final at once: the earliest, or None if one of them may not be."""
+    known = [end for end in ends if end is not None]
+    return min(known) if len(known) == len(ends) and known else None
+
+
 @dataclass
 class _Request:
     items: list[SettleItem]
+    final_before_ms: int | None
     wake: threading.Event = field(default_factory=threading.Event)
     lead: bool = False
     reply: Reply | None = None
@@ -41,10 +51,13 @@ class SettleBatcher:
         self.commands_sent = 0
         self.items_sent = 0
 
-    def settle(self, entity: str, partition: int, items: list[SettleItem]) -> Reply:
-        """The engine's answer to ``items``: ``result["results"]`` in their order."""
+    def settle(self, entity: str, partition: int, items: list[SettleItem],
+               final_before_ms: int | None = None) -> Reply:
+        """The engine's answer to ``items``: ``result["results"]`` in their order.
+        ``final_before_ms``: when the earliest of their locks ends, if they
+        may be final once appended."""
         window = (entity, partition)
-        request = _Request(items)
+        request = _Request(items, final_before_ms)
         with self._lock:
             self._queued.setdefault(window, []).append(request)
             if window not in self._busy:
@@ -79,7 +92,8 @@ class SettleBatcher:
             cmd = self._link.command(window[0], window[1], args)
             self.commands_sent += 1
             self.items_sent += len(args.items)
-            reply = self._link.call(cmd)
+            reply = self._link.call(cmd, final_before_ms=earliest(
+                [r.final_before_ms for r in batch]))
             answers = reply.result.get("results", [])
             start = 0
             for request in batch:

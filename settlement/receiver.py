@@ -75,6 +75,9 @@ class ServiceBusSubQueue(enum.StrEnum):
 _LOOP_PREFETCH = 32
 #: reason and description characters in one settle command (see settle_messages)
 _TEXT_PER_COMMAND = 250_000
+#: Settlements that are final once Kafka appended them within the lock
+#: (docs/settlement-by-log.md).
+_FINAL_ONCE_APPENDED = frozenset({"complete", "abandon", "dead_letter", "defer"})
 
 
 class LockRenewer(Protocol):
@@ -493,14 +496,31 @@ class ServiceBusReceiver:
             for first in range(0, len(messages_of_partition), per_command):
                 group = messages_of_partition[first:first + per_command]
                 items = [_settle_item(m, action, reason, description) for m in group]
-                reply = (self._batcher.settle(self._entity, partition, items) if deadline is None
-                         else self._call(self._link.command(
-                             self._entity, partition, SettleArgs(tuple(items))), deadline))
+                final = self._final_before_ms(group, action)
+                reply = (self._batcher.settle(self._entity, partition, items, final)
+                         if deadline is None else self._link.call(
+                             self._link.command(self._entity, partition, SettleArgs(tuple(items))),
+                             final_before_ms=final, timeout=_left(deadline, 0.0)))
                 check_reply(reply, self.entity_path)
                 for message, (status, until) in zip(group, reply.statuses, strict=True):
                     results[id(message)] = SettlementResult(
                         message, self._apply_answer(message, action, status, until))
         return [results[id(m)] for m in messages]
+
+    def _final_before_ms(self, messages: list[ServiceBusReceivedMessage], action: str
+                         ) -> int | None:
+        """When the earliest lock of ``messages`` ends (ms), if settling them
+        with ``action`` is final once Kafka appended it before then; None if
+        it needs the engine's answer: a renewal (its answer is the new lock's
+        end), the dead-letter sub-queue (dead-lettering or deferring a dead
+        letter is refused), or a session (its lock is the session's)."""
+        if (action not in _FINAL_ONCE_APPENDED or self._sub != "active"
+                or self._session is not None):
+            return None
+        ends = [m.locked_until_utc for m in messages]
+        if any(end is None for end in ends):
+            return None
+        return min(epoch_ms(end) for end in ends if end is not None)
 
     def _check_settleable(self, message: ServiceBusReceivedMessage, action: str) -> None:
         if not isinstance(message, ServiceBusReceivedMessage):

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from faust.types import TP, EventT, StreamT
@@ -37,17 +37,20 @@ from streams.app import (
     state_topic,
 )
 from streams.definitions import Definitions
+from streams.log_clock import LogClock
 from streams.states import Event, Refused
 from streams.table_store import TableStore
 from streams.throttle import CommandThrottle
 from streams.window import InflightWindow
 from topics import names, specs
 from topics.commands import (
+    TICK_KEY,
     Command,
     CommandError,
     Op,
     Reply,
     ReplyAddress,
+    SettleArgs,
     StatsArgs,
     decode_command,
     encode_reply,
@@ -78,6 +81,15 @@ on_client_command: list[Callable[[Command], None]] = []
 _throttle = CommandThrottle()
 #: commands and the engine's own operations, one at a time (they share windows)
 _one_at_a_time = asyncio.Lock()
+#: the time of each commands partition, as its log says (streams/log_clock.py)
+clock = LogClock()
+#: called with a commands partition whose time a tick moved on (the lock timer
+#: runs what came due there)
+on_tick: list[Callable[[int], Awaitable[None]]] = []
+#: commands partition -> set once its time is known (see run_internal)
+_time_known: dict[int, asyncio.Event] = {}
+#: how long the engine's own operation waits for its partition's time
+_TIME_WAIT_S = 5.0
 #: Fault injection for tests: the worker exits (as after ``kill -9``) right
 #: after the commit record of the first command of this operation is
 #: acknowledged, before its writes and events are sent.
@@ -106,9 +118,23 @@ async def _forget_recovered(sender: object, /, *_: object, **__: object) -> None
     """A window that moved away and back may carry another worker's redo."""
     _recovered.clear()
     _written.clear()
+    clock.forget()
+    for known in _time_known.values():
+        known.clear()
+
+
+def _observe(event: EventT) -> None:
+    message = event.message
+    clock.observe(message.partition, round(message.timestamp * 1000), message.timestamp_type)
+    _time_known.setdefault(message.partition, asyncio.Event()).set()
 
 
 async def _handle(event: EventT) -> None:
+    _observe(event)
+    if event.key == TICK_KEY:
+        for sweep in on_tick:
+            await sweep(event.message.partition)
+        return
     try:
         cmd = decode_command(event.value)
     except CommandError as exc:
@@ -131,7 +157,14 @@ async def _handle(event: EventT) -> None:
     for hook in on_client_command:
         hook(cmd)
     async with _one_at_a_time:
-        await _execute(cmd, partition, int(event.message.timestamp * 1000))
+        await _execute(cmd, partition, round(event.message.timestamp * 1000))
+
+
+def request_tick(partition: int) -> None:
+    """Append a tick to a commands partition, so that its time moves on
+    (:mod:`streams.log_clock`). A tick anyone appends only tells the time
+    the broker stamped on it: harmless."""
+    asyncio.ensure_future(commands_topic.send(key=TICK_KEY, value=b"", partition=partition))
 
 
 def _admitted(cmd: Command) -> bool:
@@ -141,8 +174,10 @@ def _admitted(cmd: Command) -> bool:
     administration client's ``stats`` on the namespace's own record (it
     waits for a new limit to be read) always runs: a raised limit must get
     through. The engine's own operations (:func:`run_internal`) never come
-    here."""
-    if cmd.entity == NAMESPACE_KEY and cmd.op is Op.STATS:
+    here. Settlements always run: one that reached the log while its lock
+    held is final (docs/settlement-by-log.md), and they end work rather than
+    start it."""
+    if (cmd.entity == NAMESPACE_KEY and cmd.op is Op.STATS) or isinstance(cmd.args, SettleArgs):
         return True
     limit = definitions().max_commands_per_second
     now = time.monotonic()
@@ -174,11 +209,23 @@ async def run_internal(cmd: Command) -> None:
     partition = command_partition(cmd.window_key, specs.ENGINE_PARTITIONS)
     if TP(commands_topic.get_topic_name(), partition) not in app.consumer.assignment():
         return  # the window moved to another worker, whose timers take over
+    if clock.now(partition) is None:  # not known since this worker got it: a tick tells
+        request_tick(partition)
+        known = _time_known.setdefault(partition, asyncio.Event())
+        try:
+            await asyncio.wait_for(known.wait(), _TIME_WAIT_S)
+        except TimeoutError:
+            log.warning("no time for commands partition %d after %.0f s: %s on %s waits for "
+                        "the next round", partition, _TIME_WAIT_S, cmd.op, cmd.window_key)
+            return
     async with _one_at_a_time:
-        await _execute(cmd, partition, int(time.time() * 1000))
+        await _execute(cmd, partition, -1)
 
 
 async def _execute(cmd: Command, partition: int, sent_ms: int) -> None:
+    """Run ``cmd`` on its window; ``sent_ms``: when a client's command was
+    appended (-1 for the engine's own operations, which run at the
+    partition's time)."""
     key = cmd.window_key.encode()
     store = TableStore(entries, partition)
     header_store = TableStore(headers, partition)
@@ -187,6 +234,13 @@ async def _execute(cmd: Command, partition: int, sent_ms: int) -> None:
     if raw is not None and key not in _recovered:
         await _recover(raw, store)
         _recovered.add(key)
+    now = clock.now(partition)
+    if now is None:  # forgotten by a rebalance while this waited its turn
+        if sent_ms < 0:
+            return  # the engine's own operation: the next round runs it
+        now = sent_ms
+    if sent_ms < 0:
+        sent_ms = now
     known = definitions()
     if isinstance(cmd.args, StatsArgs) and cmd.args.version >= 0:
         await known.read_up_to(cmd.args.version)
@@ -209,7 +263,7 @@ async def _execute(cmd: Command, partition: int, sent_ms: int) -> None:
                 "ServiceBusAdministrationClient.create_subscription")
         return
     try:
-        outcome = window.apply(cmd, int(time.time() * 1000), policy)
+        outcome = window.apply(cmd, now, policy)
     except Refused as refused:
         _reject(cmd, refused.code, str(refused))
         return

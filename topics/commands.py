@@ -174,6 +174,10 @@ class Action(StrEnum):
 SUB_QUEUES = frozenset({"active", "deadletter", "transferdeadletter"})
 MODES = frozenset({"peek_lock", "receive_and_delete"})
 MAX_ACQUIRE = 5000
+#: The key of a tick: an empty record the engine appends to a commands
+#: partition so that its time moves on (streams/log_clock.py). Window keys
+#: all hold a '#', so no command's key is this one.
+TICK_KEY = b"__tick__"
 MAX_TEXT = 4096
 #: the longest session id, as in Service Bus
 MAX_SESSION_ID = 128

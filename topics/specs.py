@@ -41,8 +41,11 @@ def namespace_topics(namespace: str) -> list[TopicSpec]:
     """Topics the engine and every client of a namespace share."""
     compact = {"cleanup.policy": "compact"}
     return [
+        # Stamped by the broker: a settlement is judged by when it reached the
+        # log (docs/settlement-by-log.md).
         TopicSpec(names.commands(namespace), ENGINE_PARTITIONS,
-                  {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)}),
+                  {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS),
+                   "message.timestamp.type": "LogAppendTime"}),
         TopicSpec(names.replies(namespace), REPLY_PARTITIONS,
                   {"cleanup.policy": "delete", "retention.ms": str(_DAY_MS)}),
         TopicSpec(names.events(namespace), ENGINE_PARTITIONS,

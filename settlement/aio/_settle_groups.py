@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from settlement._engine_link import check_reply
-from settlement._settle_batcher import SettleBatcher
+from settlement._settle_batcher import SettleBatcher, earliest
 from settlement.aio._offload import Offloader
 from settlement.message import ServiceBusReceivedMessage
 from settlement.receiver import _TEXT_PER_COMMAND, _settle_item
@@ -94,9 +94,10 @@ class SettleGroups:
         return queued[:size]
 
     async def _send(self, window: tuple[str, int], group: list[_Settle]) -> None:
+        final = earliest([s.receiver._final_before_ms([s.message], s.action) for s in group])
         try:
             reply = await self._offload.run(lambda: self._batcher().settle(
-                window[0], window[1], [s.item for s in group]))
+                window[0], window[1], [s.item for s in group], final))
             self.commands_sent += 1
             check_reply(reply, group[0].receiver.entity_path)
             answers = reply.statuses
