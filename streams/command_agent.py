@@ -20,9 +20,11 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
 
+from faust.streams import Stream
 from faust.types import TP, EventT, StreamT
 
 from streams import sessions
@@ -39,6 +41,7 @@ from streams.app import (
 from streams.definitions import Definitions
 from streams.log_clock import LogClock
 from streams.states import Event, Refused
+from streams.store import Txn
 from streams.table_store import TableStore
 from streams.throttle import CommandThrottle
 from streams.window import InflightWindow
@@ -90,6 +93,10 @@ on_tick: list[Callable[[int], Awaitable[None]]] = []
 _time_known: dict[int, asyncio.Event] = {}
 #: how long the engine's own operation waits for its partition's time
 _TIME_WAIT_S = 5.0
+#: most commands run together, and how long the agent gathers them (the
+#: latency a lone command pays for group commit)
+MAX_BATCH = 500
+BATCH_WAIT_S = 0.001
 #: Fault injection for tests: the worker exits (as after ``kill -9``) right
 #: after the commit record of the first command of this operation is
 #: acknowledged, before its writes and events are sent.
@@ -105,12 +112,15 @@ def definitions() -> Definitions:
 
 @app.agent(commands_topic)
 async def process_commands(stream: StreamT) -> None:
-    async for event in stream.events():
+    """Commands in batches of what arrived together (group commit); Faust
+    acknowledges a batch's records once it has run, so a command is never
+    committed before its commit record is in Kafka."""
+    # Faust's StreamT declares no take_events; the Stream it passes has it
+    async for events in cast(Stream, stream).take_events(MAX_BATCH, BATCH_WAIT_S):
         try:
-            await _handle(event)
-        except Exception:  # never let one record stop the engine
-            log.exception("command at %s[%d]@%d failed", event.message.topic,
-                          event.message.partition, event.message.offset)
+            await _handle(events)
+        except Exception:  # never let one batch stop the engine
+            log.exception("a batch of %d commands failed", len(events))
 
 
 @app.on_rebalance_complete.connect
@@ -129,12 +139,31 @@ def _observe(event: EventT) -> None:
     _time_known.setdefault(message.partition, asyncio.Event()).set()
 
 
-async def _handle(event: EventT) -> None:
-    _observe(event)
-    if event.key == TICK_KEY:
+async def _handle(events: Sequence[EventT]) -> None:
+    runs: list[_Run] = []
+    ticked: dict[int, None] = {}
+    for event in events:
+        _observe(event)
+        partition = event.message.partition
+        if event.key == TICK_KEY:
+            ticked[partition] = None
+            continue
+        cmd = _admit(event)
+        if cmd is not None:
+            runs.append(_Run(cmd, partition, round(event.message.timestamp * 1000),
+                             clock.now(partition)))
+    if runs:
+        async with _one_at_a_time:
+            await _execute(runs)
+    for partition in ticked:
         for sweep in on_tick:
-            await sweep(event.message.partition)
-        return
+            await sweep(partition)
+
+
+def _admit(event: EventT) -> Command | None:
+    """The command ``event`` holds, if it is well-formed, routed to its
+    window's partition and within the namespace's limit; else it is
+    answered here, and None."""
     try:
         cmd = decode_command(event.value)
     except CommandError as exc:
@@ -143,7 +172,7 @@ async def _handle(event: EventT) -> None:
         if exc.reply is not None and exc.command_id:
             _answer(exc.reply, Reply(exc.command_id, exc.reply.client, False,
                                      error_code=exc.code, error_message=str(exc)))
-        return
+        return None
     partition = event.message.partition
     partitions = app.consumer.topic_partitions(commands_topic.get_topic_name()) or 0
     if event.key != cmd.window_key.encode() or (
@@ -151,13 +180,12 @@ async def _handle(event: EventT) -> None:
         _reject(cmd, ErrorCode.MISROUTED,
                 f"command for window {cmd.window_key} must be keyed by it and sent to "
                 f"partition {command_partition(cmd.window_key, partitions or 1)}")
-        return
+        return None
     if not _admitted(cmd):
-        return
+        return None
     for hook in on_client_command:
         hook(cmd)
-    async with _one_at_a_time:
-        await _execute(cmd, partition, round(event.message.timestamp * 1000))
+    return cmd
 
 
 def request_tick(partition: int) -> None:
@@ -219,77 +247,179 @@ async def run_internal(cmd: Command) -> None:
                         "the next round", partition, _TIME_WAIT_S, cmd.op, cmd.window_key)
             return
     async with _one_at_a_time:
-        await _execute(cmd, partition, -1)
+        await _execute([_Run(cmd, partition, -1, None)])
 
 
-async def _execute(cmd: Command, partition: int, sent_ms: int) -> None:
-    """Run ``cmd`` on its window; ``sent_ms``: when a client's command was
-    appended (-1 for the engine's own operations, which run at the
-    partition's time)."""
-    key = cmd.window_key.encode()
-    store = TableStore(entries, partition)
-    header_store = TableStore(headers, partition)
-    raw = header_store.get(key)
+@dataclass
+class _Run:
+    """A command to run, with when it was appended (-1: the engine's own
+    operation) and its partition's time when it was read (None: take it
+    when it runs)."""
+
+    cmd: Command
+    partition: int
+    sent_ms: int
+    now: int | None
+
+
+@dataclass
+class _Chunk:
+    """What commands of one window wrote and announced since its last commit
+    record: the next one carries it all (group commit)."""
+
+    key: bytes
+    store: TableStore
+    header_store: TableStore
+    window: InflightWindow
+    writes: dict[bytes, bytes | None] = field(default_factory=dict)
+    outbox: list[dict[str, Any]] = field(default_factory=list)
+    answers: list[tuple[Command, dict[str, Any]]] = field(default_factory=list)
+    size: int = 0
+    changed: bool = False
+    ops: set[str] = field(default_factory=set)
+
+    def record(self) -> bytes:
+        return self.window.commit_record(self.writes, self.outbox)
+
+
+async def _execute(runs: list[_Run]) -> None:
+    """Run commands, window by window in the order they came: each window
+    applies its commands one after the other in memory, and one commit
+    record per window makes them all durable; the records of every window
+    are written together, and only then are the commands answered."""
     await _settle_previous()
+    by_window: dict[bytes, list[_Run]] = {}
+    for run in runs:
+        by_window.setdefault(run.cmd.window_key.encode(), []).append(run)
+    chunks: list[_Chunk] = []
+    for key, group in by_window.items():
+        try:
+            chunk = await _apply_group(key, group)
+        except Exception:  # one window's failure must not stop the others
+            log.exception("commands on window %s failed", key.decode())
+            continue
+        if chunk is not None:
+            chunks.append(chunk)
+    await _commit(chunks)
+
+
+async def _apply_group(key: bytes, group: list[_Run]) -> _Chunk | None:
+    """Apply a window's commands in order; the chunk to commit, or None."""
+    partition = group[0].partition
+    store, header_store = TableStore(entries, partition), TableStore(headers, partition)
+    raw = header_store.get(key)
     if raw is not None and key not in _recovered:
         await _recover(raw, store)
         _recovered.add(key)
-    now = clock.now(partition)
-    if now is None:  # forgotten by a rebalance while this waited its turn
-        if sent_ms < 0:
-            return  # the engine's own operation: the next round runs it
-        now = sent_ms
-    if sent_ms < 0:
-        sent_ms = now
     known = definitions()
-    if isinstance(cmd.args, StatsArgs) and cmd.args.version >= 0:
-        await known.read_up_to(cmd.args.version)
-    window = _load(key, raw, cmd, store)
+    chunk: _Chunk | None = None
+    for run in group:
+        cmd, now = run.cmd, run.now if run.now is not None else clock.now(partition)
+        if now is None:  # forgotten by a rebalance while this waited its turn
+            if run.sent_ms < 0:
+                continue  # the engine's own operation: the next round runs it
+            now = run.sent_ms
+        if isinstance(cmd.args, StatsArgs) and cmd.args.version >= 0:
+            await known.read_up_to(cmd.args.version)
+        if chunk is None:
+            chunk = await _open_chunk(key, raw, cmd, store, header_store)
+            if chunk is None:
+                continue
+        policy = await known.policy_as_of(cmd.entity, run.sent_ms if run.sent_ms >= 0 else now)
+        if policy is None and names.SUBSCRIPTIONS in cmd.entity and cmd.op is not Op.STATS:
+            # A subscription's window must start where the subscription began,
+            # which only its definition says (stats changes nothing: the
+            # administration client asks it after a deletion).
+            _reject(cmd, ErrorCode.MESSAGING_ENTITY_NOT_FOUND,
+                    f"subscription {cmd.entity!r} does not exist: create it with "
+                    "ServiceBusAdministrationClient.create_subscription")
+            continue
+        try:
+            # Refused only before anything changes (sessions.guard)
+            outcome = chunk.window.apply(cmd, now, policy)
+        except Refused as refused:
+            _reject(cmd, refused.code, str(refused))
+            continue
+        if not outcome.changed:
+            chunk.answers.append((cmd, outcome.result))
+            continue
+        outbox = _event_records(chunk.window, outcome.events, cmd.id)
+        size = _size(outcome.writes, outbox)
+        if size > MAX_COMMIT_BYTES:
+            # Too large alone: what came before commits, this is undone.
+            await _commit([chunk])
+            await _settle_previous()  # the next record's redo covers only what follows
+            chunk = await _open_chunk(key, header_store.get(key), cmd, store, header_store)
+            _reject(cmd, ErrorCode.STATE_TOO_LARGE,
+                    f"what this {cmd.op} would store for {cmd.window_key} is about "
+                    f"{size} bytes, more than the {MAX_COMMIT_BYTES} the engine writes at "
+                    "once: send fewer messages per call, or shorter dead-letter reasons "
+                    "and descriptions")
+            continue
+        if chunk.size + size > MAX_COMMIT_BYTES:  # the record would be too large: commit first
+            await _commit([chunk])
+            await _settle_previous()  # the next record's redo covers only what follows
+            chunk = _Chunk(key, store, header_store, chunk.window)
+        txn = chunk.window.store
+        assert isinstance(txn, Txn)
+        for k, v in outcome.writes.items():
+            txn.put(k, v) if v is not None else txn.delete(k)
+        chunk.writes.update(outcome.writes)
+        chunk.outbox += outbox
+        chunk.answers.append((cmd, outcome.result))
+        chunk.size += size
+        chunk.changed = True
+        chunk.ops.add(cmd.op)
+    return chunk
+
+
+async def _open_chunk(key: bytes, raw: bytes | None, cmd: Command, store: TableStore,
+                      header_store: TableStore) -> _Chunk | None:
+    """The window of ``cmd`` over a transaction on its store, ready for a
+    group of commands; None (and ``cmd`` refused) if it is unreadable."""
+    window = _load(key, raw, cmd, Txn(store))
     if window is None:
-        return
-    if raw is not None and window.policy_version < known.deleted_at(cmd.entity):
+        return None
+    if raw is not None and window.policy_version < definitions().deleted_at(cmd.entity):
         # The queue was deleted after this window adopted its policy: what
         # is stored belongs to the deleted queue, not to one of the same name.
         _written.pop(key, None)
         await _drop(key, raw, store, header_store)
-        window = InflightWindow(cmd.entity, cmd.partition, store)
-    policy = await known.policy_as_of(cmd.entity, sent_ms)
-    if policy is None and names.SUBSCRIPTIONS in cmd.entity and cmd.op is not Op.STATS:
-        # A subscription's window must start where the subscription began,
-        # which only its definition says (stats changes nothing: the
-        # administration client asks it after a deletion).
-        _reject(cmd, ErrorCode.MESSAGING_ENTITY_NOT_FOUND,
-                f"subscription {cmd.entity!r} does not exist: create it with "
-                "ServiceBusAdministrationClient.create_subscription")
-        return
-    try:
-        outcome = window.apply(cmd, now, policy)
-    except Refused as refused:
-        _reject(cmd, refused.code, str(refused))
-        return
-    if outcome.changed:
-        outbox = _event_records(window, outcome.events, cmd.id)
-        committed = window.commit_record(outcome.writes, outbox)
-        if len(committed) > MAX_COMMIT_BYTES:
-            _reject(cmd, ErrorCode.STATE_TOO_LARGE,
-                    f"what this {cmd.op} would store for {cmd.window_key} is "
-                    f"{len(committed)} bytes, more than the {MAX_COMMIT_BYTES} the engine "
-                    "writes at once: send fewer messages per call, or shorter "
-                    "dead-letter reasons and descriptions")
-            return
-        await header_store.write(key, committed)
-        if cmd.op == _EXIT_AFTER_COMMIT:  # fault injection: the tests' crash point
-            log.warning("exiting after the commit record of %s %s", cmd.op, cmd.id)
-            os._exit(137)
-        if len(_written) > 10_000:
-            _written.clear()
-        _written[key] = (committed, window.header())
-        _start_follow_up(store, outcome.writes, outbox)
-    _reply_ok(cmd, outcome.result)
+        window = InflightWindow(cmd.entity, cmd.partition, Txn(store))
+    return _Chunk(key, store, header_store, window)
 
 
-def _load(key: bytes, raw: bytes | None, cmd: Command, store: TableStore
-          ) -> InflightWindow | None:
+def _size(writes: dict[bytes, bytes | None], outbox: list[dict[str, Any]]) -> int:
+    """About how much a command adds to a commit record (JSON escapes a
+    little; reasons and descriptions are in the writes and in the events)."""
+    return (sum(len(k) + len(v or b"") + 8 for k, v in writes.items()) * 2
+            + 200 * len(outbox))
+
+
+async def _commit(chunks: list[_Chunk]) -> None:
+    """Write the commit record of each chunk, all at once; once Kafka holds
+    them, send their writes and events, and answer their commands."""
+    changed = [c for c in chunks if c.changed]
+    records = [c.record() for c in changed]
+    await asyncio.gather(*(c.header_store.write(c.key, r)
+                           for c, r in zip(changed, records, strict=True)))
+    if _EXIT_AFTER_COMMIT and any(_EXIT_AFTER_COMMIT in c.ops for c in changed):
+        log.warning("exiting after the commit record of %s", _EXIT_AFTER_COMMIT)
+        os._exit(137)  # fault injection: the tests' crash point
+    if len(_written) > 10_000:
+        _written.clear()
+    for chunk, record in zip(changed, records, strict=True):
+        # copies: a window that goes on applying commands changes its own dicts
+        _written[chunk.key] = (record, {k: dict(v) if isinstance(v, dict) else v
+                                        for k, v in chunk.window.header().items()})
+    if changed:
+        _start_follow_up(changed)
+    for chunk in chunks:
+        for cmd, result in chunk.answers:
+            _reply_ok(cmd, result)
+
+
+def _load(key: bytes, raw: bytes | None, cmd: Command, store: Txn) -> InflightWindow | None:
     mine = _written.get(key)
     header = mine[1] if mine is not None and mine[0] == raw else None
     try:
@@ -316,13 +446,12 @@ def _event_records(window: InflightWindow, events: list[Event], command_id: str
             *(state_record(summary, now) for summary in sessions.summaries(window, now))]
 
 
-def _start_follow_up(store: TableStore, writes: dict[bytes, bytes | None],
-                     outbox: list[dict[str, Any]]) -> None:
-    """Send a committed command's writes and events; the next command waits
-    for them (:func:`_settle_previous`)."""
+def _start_follow_up(chunks: list[_Chunk]) -> None:
+    """Send committed chunks' writes and events; the next commands wait for
+    them (:func:`_settle_previous`)."""
     global _follow_up
-    sent = [store.write(k, v) for k, v in writes.items()]
-    sent += _publish(outbox)
+    sent = [chunk.store.write(k, v) for chunk in chunks for k, v in chunk.writes.items()]
+    sent += _publish([record for chunk in chunks for record in chunk.outbox])
     _follow_up = asyncio.ensure_future(asyncio.gather(*sent))
 
 
