@@ -89,9 +89,10 @@ def test_a_settlement_appended_within_its_lock_is_final_while_the_engine_is_down
     engine.start()
     # The engine read the settlements at their place in the log, before any
     # lock lapsed: the abandoned one comes back once, the others never.
-    again = client.get_queue_receiver("work").receive_messages(5, max_wait_time=5)
+    second = client.get_queue_receiver("work")
+    again = second.receive_messages(5, max_wait_time=5)
     assert [(m.message_id, m.delivery_count) for m in again] == [("m1", 1)]
-    receiver.complete_message(again[0])
+    second.complete_message(again[0])
     with client.get_queue_receiver("work", sub_queue=ServiceBusSubQueue.DEAD_LETTER,
                                    max_wait_time=5) as dlq:
         (dead,) = dlq.receive_messages(2)
@@ -99,6 +100,7 @@ def test_a_settlement_appended_within_its_lock_is_final_while_the_engine_is_down
         dlq.complete_message(dead)
     _settled_for_good(admin, "work")
     receiver.close()
+    second.close()
 
 
 def test_a_settlement_appended_after_its_lock_ended_is_refused(
@@ -116,11 +118,13 @@ def test_a_settlement_appended_after_its_lock_ended_is_refused(
     with pytest.raises(MessageLockLostError):
         receiver.complete_message(message)  # waits for the engine's answer
     restarting.join()
-    (again,) = client.get_queue_receiver("work").receive_messages(1, max_wait_time=10)
+    second = client.get_queue_receiver("work")
+    (again,) = second.receive_messages(1, max_wait_time=10)
     assert (again.message_id, again.delivery_count) == ("m0", 1)
-    receiver.complete_message(again)
+    second.complete_message(again)
     _settled_for_good(admin, "work")
     receiver.close()
+    second.close()
 
 
 def test_two_receivers_never_both_settle_one_message(
