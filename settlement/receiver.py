@@ -76,8 +76,9 @@ _LOOP_PREFETCH = 32
 #: reason and description characters in one settle command (see settle_messages)
 _TEXT_PER_COMMAND = 250_000
 #: Settlements that are final once Kafka appended them within the lock
-#: (docs/settlement-by-log.md).
-_FINAL_ONCE_APPENDED = frozenset({"complete", "abandon", "dead_letter", "defer"})
+#: (docs/settlement-by-log.md). Not dead-lettering: the reason and description
+#: it stores may make what it writes too large, which only the engine knows.
+_FINAL_ONCE_APPENDED = frozenset({"complete", "abandon", "defer"})
 
 
 class LockRenewer(Protocol):
@@ -512,7 +513,7 @@ class ServiceBusReceiver:
         """When the earliest lock of ``messages`` ends (ms), if settling them
         with ``action`` is final once Kafka appended it before then; None if
         it needs the engine's answer: a renewal (its answer is the new lock's
-        end), the dead-letter sub-queue (dead-lettering or deferring a dead
+        end), a dead-lettering, the dead-letter sub-queue (deferring a dead
         letter is refused), or a session (its lock is the session's)."""
         if (action not in _FINAL_ONCE_APPENDED or self._sub != "active"
                 or self._session is not None):

@@ -19,12 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from settlement import (
-    ServiceBusClient,
-    ServiceBusMessage,
-    ServiceBusReceivedMessage,
-    ServiceBusSubQueue,
-)
+from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusReceivedMessage
 from settlement.exceptions import MessageLockLostError
 from settlement.management import ServiceBusAdministrationClient
 from streams.process import EngineProcess
@@ -83,7 +78,7 @@ def test_a_settlement_appended_within_its_lock_is_final_while_the_engine_is_down
     started = time.monotonic()
     receiver.complete_message(messages[0])  # returns: nothing but Kafka answers it
     receiver.abandon_message(messages[1])
-    receiver.dead_letter_message(messages[2], reason="bad", error_description="checked")
+    receiver.defer_message(messages[2])
     assert time.monotonic() - started < 3.0
     time.sleep(max(0.0, 6.0 - (time.monotonic() - started)))  # past the locks' end
     engine.start()
@@ -93,11 +88,9 @@ def test_a_settlement_appended_within_its_lock_is_final_while_the_engine_is_down
     again = second.receive_messages(5, max_wait_time=5)
     assert [(m.message_id, m.delivery_count) for m in again] == [("m1", 1)]
     second.complete_message(again[0])
-    with client.get_queue_receiver("work", sub_queue=ServiceBusSubQueue.DEAD_LETTER,
-                                   max_wait_time=5) as dlq:
-        (dead,) = dlq.receive_messages(2)
-        assert (dead.message_id, dead.dead_letter_reason) == ("m2", "bad")
-        dlq.complete_message(dead)
+    (deferred,) = second.receive_deferred_messages([messages[2].sequence_number])
+    assert deferred.message_id == "m2"
+    second.complete_message(deferred)
     _settled_for_good(admin, "work")
     receiver.close()
     second.close()
