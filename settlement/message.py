@@ -143,6 +143,11 @@ class ServiceBusReceivedMessage(ServiceBusMessage):
         self.auto_renew_error: Exception | None = None
         self._settled = False
         self._receiver: Any = None
+        #: the lock token as the engine granted it, and whether a settlement
+        #: of that lock was sent: only the first, with that token, may be
+        #: final without the engine's answer (docs/settlement-by-log.md)
+        self._granted_token = self.lock_token
+        self._lock_spent = False
 
     @property
     def expires_at_utc(self) -> dt.datetime | None:

@@ -497,7 +497,7 @@ class ServiceBusReceiver:
             for first in range(0, len(messages_of_partition), per_command):
                 group = messages_of_partition[first:first + per_command]
                 items = [_settle_item(m, action, reason, description) for m in group]
-                final = self._final_before_ms(group, action)
+                final = self._spend_locks(group, action)
                 reply = (self._batcher.settle(self._entity, partition, items, final)
                          if deadline is None else self._link.call(
                              self._link.command(self._entity, partition, SettleArgs(tuple(items))),
@@ -508,14 +508,21 @@ class ServiceBusReceiver:
                         message, self._apply_answer(message, action, status, until))
         return [results[id(m)] for m in messages]
 
-    def _final_before_ms(self, messages: list[ServiceBusReceivedMessage], action: str
-                         ) -> int | None:
+    def _spend_locks(self, messages: list[ServiceBusReceivedMessage], action: str
+                     ) -> int | None:
         """When the earliest lock of ``messages`` ends (ms), if settling them
         with ``action`` is final once Kafka appended it before then; None if
         it needs the engine's answer: a renewal (its answer is the new lock's
         end), a dead-lettering, the dead-letter sub-queue (deferring a dead
-        letter is refused), or a session (its lock is the session's)."""
-        if (action not in _FINAL_ONCE_APPENDED or self._sub != "active"
+        letter is refused), a session (its lock is the session's), or a lock
+        that is not as granted, or was settled before (the engine says if
+        it still holds). The locks count as spent from here on."""
+        fresh = all(m.lock_token is not None and m.lock_token == m._granted_token
+                    and not m._lock_spent for m in messages)
+        if action != "renew":
+            for message in messages:
+                message._lock_spent = True
+        if (not fresh or action not in _FINAL_ONCE_APPENDED or self._sub != "active"
                 or self._session is not None):
             return None
         ends = [m.locked_until_utc for m in messages]

@@ -94,7 +94,7 @@ class SettleGroups:
         return queued[:size]
 
     async def _send(self, window: tuple[str, int], group: list[_Settle]) -> None:
-        final = earliest([s.receiver._final_before_ms([s.message], s.action) for s in group])
+        final = earliest([s.receiver._spend_locks([s.message], s.action) for s in group])
         try:
             reply = await self._offload.run(lambda: self._batcher().settle(
                 window[0], window[1], [s.item for s in group], final))
