@@ -19,7 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusReceivedMessage
+from settlement import (
+    ServiceBusClient,
+    ServiceBusMessage,
+    ServiceBusReceivedMessage,
+    ServiceBusReceiver,
+)
 from settlement.exceptions import MessageLockLostError
 from settlement.management import ServiceBusAdministrationClient
 from streams.process import EngineProcess
@@ -65,16 +70,25 @@ def _settled_for_good(admin: ServiceBusAdministrationClient, queue: str) -> None
     assert counts == (0, 0, 0)
 
 
+def _received_then_killed(engine: EngineProcess, admin: ServiceBusAdministrationClient,
+                          client: ServiceBusClient, count: int, lock_duration: int
+                          ) -> tuple[ServiceBusReceiver, list[ServiceBusReceivedMessage]]:
+    """``count`` messages of a new queue "work" received, then the engine
+    killed: nothing but Kafka is there to take their settlements."""
+    admin.create_queue("work", lock_duration=lock_duration)
+    _send(client, "work", count)
+    receiver = client.get_queue_receiver("work")
+    messages = receiver.receive_messages(count, max_wait_time=10)
+    assert len(messages) == count
+    engine.kill()
+    return receiver, messages
+
+
 def test_a_settlement_appended_within_its_lock_is_final_while_the_engine_is_down(
         own_engine: tuple[EngineProcess, ServiceBusAdministrationClient, ServiceBusClient]
         ) -> None:
     engine, admin, client = own_engine
-    admin.create_queue("work", lock_duration=5)
-    _send(client, "work", 3)
-    receiver = client.get_queue_receiver("work")
-    messages = receiver.receive_messages(3, max_wait_time=10)
-    assert len(messages) == 3
-    engine.kill()
+    receiver, messages = _received_then_killed(engine, admin, client, 3, lock_duration=5)
     started = time.monotonic()
     receiver.complete_message(messages[0])  # returns: nothing but Kafka answers it
     receiver.abandon_message(messages[1])
@@ -100,11 +114,8 @@ def test_a_settlement_appended_after_its_lock_ended_is_refused(
         own_engine: tuple[EngineProcess, ServiceBusAdministrationClient, ServiceBusClient]
         ) -> None:
     engine, admin, client = own_engine
-    admin.create_queue("work", lock_duration=2)
-    _send(client, "work", 1)
-    receiver = client.get_queue_receiver("work")
-    (message,) = receiver.receive_messages(1, max_wait_time=10)
-    engine.kill()  # nothing lapses the lock meanwhile: the log's time decides
+    # nothing lapses the lock while the engine is down: the log's time decides
+    receiver, (message,) = _received_then_killed(engine, admin, client, 1, lock_duration=2)
     time.sleep(2.5)
     restarting = threading.Thread(target=engine.start)
     restarting.start()
