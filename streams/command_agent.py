@@ -272,11 +272,26 @@ class _Chunk:
     header_store: TableStore
     window: InflightWindow
     writes: dict[bytes, bytes | None] = field(default_factory=dict)
-    outbox: list[dict[str, Any]] = field(default_factory=list)
+    #: event records, in order
+    events: list[dict[str, Any]] = field(default_factory=list)
+    #: state records by key: a later summary of the window or of a session
+    #: replaces an earlier one (the state topic is compacted by that key)
+    states: dict[bytes, dict[str, Any]] = field(default_factory=dict)
     answers: list[tuple[Command, dict[str, Any]]] = field(default_factory=list)
     size: int = 0
     changed: bool = False
     ops: set[str] = field(default_factory=set)
+
+    @property
+    def outbox(self) -> list[dict[str, Any]]:
+        return [*self.events, *self.states.values()]
+
+    def add(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            if is_event(record):
+                self.events.append(record)
+            else:
+                self.states[record_key(record)] = record
 
     def record(self) -> bytes:
         return self.window.commit_record(self.writes, self.outbox)
@@ -365,7 +380,7 @@ async def _apply_group(key: bytes, group: list[_Run]) -> _Chunk | None:
         for k, v in outcome.writes.items():
             txn.put(k, v) if v is not None else txn.delete(k)
         chunk.writes.update(outcome.writes)
-        chunk.outbox += outbox
+        chunk.add(outbox)
         chunk.answers.append((cmd, outcome.result))
         chunk.size += size
         chunk.changed = True
