@@ -6,7 +6,9 @@ one small set of writes serve many messages. A command commits in one record:
 the window's header, carrying what the command wrote (its *redo*) and the
 events it produced (its *outbox*). Only once Kafka holds that record is the
 command answered; then its writes go to their own keys and its events to the
-events topic, and the next command waits until Kafka holds those too. A crash
+events topic. Until Kafka holds those too, the window's next commit record
+carries them again, so a record's redo and outbox always cover everything of
+its window not yet acknowledged, and no command waits for them. A crash
 at any point leaves either nothing of the command (it is processed again from
 the commands topic, or retried by its client under the same command id), or
 its header, whose redo and outbox are applied again when the window is next
@@ -17,6 +19,7 @@ carry the same command id, which readers drop as repeats.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -68,8 +71,9 @@ log = logging.getLogger(__name__)
 #: under the 1 MB that Kafka brokers and producers accept by default.
 MAX_COMMIT_BYTES = 900_000
 _pending: asyncio.Queue[tuple[ReplyAddress, Reply]] = asyncio.Queue()
-#: the previous command's writes and events on their way to Kafka
-_follow_up: asyncio.Future | None = None
+#: window key -> writes and events of its commit records on their way to
+#: Kafka under their own keys: the window's next record carries them again
+_unsettled: dict[bytes, list[_Unsettled]] = {}
 #: windows whose stored redo and outbox this worker has applied since it got them
 _recovered: set[bytes] = set()
 #: window key -> (the header record this worker wrote last, its fields): a
@@ -128,6 +132,7 @@ async def _forget_recovered(sender: object, /, *_: object, **__: object) -> None
     """A window that moved away and back may carry another worker's redo."""
     _recovered.clear()
     _written.clear()
+    _unsettled.clear()  # another worker may have written these windows since
     clock.forget()
     for known in _time_known.values():
         known.clear()
@@ -294,7 +299,15 @@ class _Chunk:
                 self.states[record_key(record)] = record
 
     def record(self) -> bytes:
-        return self.window.commit_record(self.writes, self.outbox)
+        """The commit record: this chunk's writes and events, after those of
+        the window's earlier records that Kafka does not hold yet."""
+        writes: dict[bytes, bytes | None] = {}
+        outbox: list[dict[str, Any]] = []
+        for unsettled in _unsettled.get(self.key, []):
+            writes.update(unsettled.writes)
+            outbox += unsettled.outbox
+        writes.update(self.writes)
+        return self.window.commit_record(writes, outbox + self.outbox)
 
 
 async def _execute(runs: list[_Run]) -> None:
@@ -302,7 +315,6 @@ async def _execute(runs: list[_Run]) -> None:
     applies its commands one after the other in memory, and one commit
     record per window makes them all durable; the records of every window
     are written together, and only then are the commands answered."""
-    await _settle_previous()
     by_window: dict[bytes, list[_Run]] = {}
     for run in runs:
         by_window.setdefault(run.cmd.window_key.encode(), []).append(run)
@@ -363,7 +375,7 @@ async def _apply_group(key: bytes, group: list[_Run]) -> _Chunk | None:
         if size > MAX_COMMIT_BYTES:
             # Too large alone: what came before commits, this is undone.
             await _commit([chunk])
-            await _settle_previous()  # the next record's redo covers only what follows
+            await _settled(key)  # the next record then carries only what follows
             chunk = await _open_chunk(key, header_store.get(key), cmd, store, header_store)
             _reject(cmd, ErrorCode.STATE_TOO_LARGE,
                     f"what this {cmd.op} would store for {cmd.window_key} is about "
@@ -373,7 +385,7 @@ async def _apply_group(key: bytes, group: list[_Run]) -> _Chunk | None:
             continue
         if chunk.size + size > MAX_COMMIT_BYTES:  # the record would be too large: commit first
             await _commit([chunk])
-            await _settle_previous()  # the next record's redo covers only what follows
+            await _settled(key)  # the next record then carries only what follows
             chunk = _Chunk(key, store, header_store, chunk.window)
         txn = chunk.window.store
         assert isinstance(txn, Txn)
@@ -399,6 +411,7 @@ async def _open_chunk(key: bytes, raw: bytes | None, cmd: Command, store: TableS
         # The queue was deleted after this window adopted its policy: what
         # is stored belongs to the deleted queue, not to one of the same name.
         _written.pop(key, None)
+        await _settled(key)
         await _drop(key, raw, store, header_store)
         window = InflightWindow(cmd.entity, cmd.partition, Txn(store))
     return _Chunk(key, store, header_store, window)
@@ -461,28 +474,46 @@ def _event_records(window: InflightWindow, events: list[Event], command_id: str
             *(state_record(summary, now) for summary in sessions.summaries(window, now))]
 
 
+@dataclass
+class _Unsettled:
+    """A window's committed writes and events that Kafka does not hold yet."""
+
+    writes: dict[bytes, bytes | None]
+    outbox: list[dict[str, Any]]
+    sent: asyncio.Future[Any]
+
+
 def _start_follow_up(chunks: list[_Chunk]) -> None:
-    """Send committed chunks' writes and events; the next commands wait for
-    them (:func:`_settle_previous`)."""
-    global _follow_up
-    sent = [chunk.store.write(k, v) for chunk in chunks for k, v in chunk.writes.items()]
-    sent += _publish([record for chunk in chunks for record in chunk.outbox])
-    _follow_up = asyncio.ensure_future(asyncio.gather(*sent))
+    """Send committed chunks' writes and events under their own keys; until
+    Kafka holds them, their windows' next records carry them again."""
+    for chunk in chunks:
+        sent = [chunk.store.write(k, v) for k, v in chunk.writes.items()]
+        sent += _publish(chunk.outbox)
+        unsettled = _Unsettled(chunk.writes, chunk.outbox, asyncio.gather(*sent))
+        _unsettled.setdefault(chunk.key, []).append(unsettled)
+        unsettled.sent.add_done_callback(functools.partial(_held, chunk.key, unsettled))
 
 
-async def _settle_previous() -> None:
-    """Wait until Kafka holds the previous command's writes and events: the
-    redo of a header covers only its own command."""
-    global _follow_up
-    if _follow_up is not None:
-        pending, _follow_up = _follow_up, None
-        try:
-            await pending
-        except Exception:
-            # Its header is still the latest of its window: loading it again
-            # re-sends what did not arrive. This command fails; it is retried.
-            _recovered.clear()
-            raise
+def _held(key: bytes, unsettled: _Unsettled, done: asyncio.Future[Any]) -> None:
+    """Kafka holds (or refused) a window's follow-up: its records no longer
+    need to carry it."""
+    waiting = _unsettled.get(key, [])
+    if unsettled in waiting:
+        waiting.remove(unsettled)
+        if not waiting:
+            del _unsettled[key]
+    if not done.cancelled() and done.exception() is not None:
+        # The window's latest record still carries it: loading the window
+        # again applies that record's redo and outbox, which sends it again.
+        log.warning("writes or events of window %s did not reach Kafka (%s); they are sent "
+                    "again with the window's next command", key.decode(), done.exception())
+        _recovered.discard(key)
+
+
+async def _settled(key: bytes) -> None:
+    """Wait until Kafka holds everything sent for the window ``key``."""
+    for unsettled in list(_unsettled.get(key, [])):
+        await asyncio.gather(unsettled.sent, return_exceptions=True)
 
 
 def _publish(outbox: list[dict[str, Any]]) -> list[asyncio.Future[Any]]:
