@@ -12,6 +12,7 @@ once appended (``final_before_ms``; docs/settlement-by-log.md).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
@@ -179,13 +180,20 @@ class EngineLink:
         deadline = started + self.attempt_timeout
         if call_deadline is not None:
             deadline = min(deadline, call_deadline)
-        futures = [(c, self._send(c, appended=final_before_ms is not None)) for c in cmds]
+        may_be_final = final_before_ms is not None
+        futures = [(c, self._send(_quiet(c) if may_be_final else c, appended=may_be_final))
+                   for c in cmds]
         self._producer.flush(max(0.0, deadline - time.monotonic()))
         error: ServiceBusError | None = None
         for cmd, fut in futures:
-            if final_before_ms is not None and self._final(cmd, final_before_ms):
-                replies[cmd.id] = _all_ok(cmd)
-                continue
+            if final_before_ms is not None:
+                if self._final(cmd, final_before_ms):
+                    replies[cmd.id] = _all_ok(cmd)
+                    continue
+                # Appended too late to be final by itself: the same id again,
+                # answered (the engine answers a repeated id as it did the first).
+                fut = self._send(cmd)
+                self._producer.flush(max(0.0, deadline - time.monotonic()))
             try:
                 reply = fut.result(max(0.0, deadline - time.monotonic()))
             except FutureTimeout:
@@ -289,6 +297,12 @@ class EngineLink:
         self._thread.join(timeout=5)
         self._consumer.close()
         self._producer.flush(5)
+
+
+def _quiet(cmd: Command[ClientArgs]) -> Command[ClientArgs]:
+    """``cmd`` sent to be final once appended: the engine does not answer it."""
+    assert isinstance(cmd.args, SettleArgs)
+    return dataclasses.replace(cmd, args=dataclasses.replace(cmd.args, quiet=True))
 
 
 def _all_ok(cmd: Command[ClientArgs]) -> Reply:

@@ -553,8 +553,13 @@ async def _drop(key: bytes, raw: bytes, store: TableStore, header_store: TableSt
         await asyncio.to_thread(hook, key.decode())
 
 
+def _quiet(cmd: Command) -> bool:
+    """Whether nobody waits for ``cmd``'s answer (see SettleArgs.quiet)."""
+    return isinstance(cmd.args, SettleArgs) and cmd.args.quiet
+
+
 def _reply_ok(cmd: Command, result: dict[str, Any]) -> None:
-    if cmd.reply is not None:
+    if cmd.reply is not None and not _quiet(cmd):
         _answer(cmd.reply, Reply(cmd.id, cmd.reply.client, True, result))
 
 
@@ -564,7 +569,7 @@ def _reject(cmd: Command, code: ErrorCode, message: str) -> None:
 
 
 def _answer_refusal(cmd: Command, code: ErrorCode, message: str) -> None:
-    if cmd.reply is not None:
+    if cmd.reply is not None and not _quiet(cmd):
         _answer(cmd.reply, Reply(cmd.id, cmd.reply.client, False,
                                  error_code=code, error_message=message))
 

@@ -399,16 +399,26 @@ class CancelArgs(_OffsetsArgs):
 class SettleArgs(WireArgs):
     OP = Op.SETTLE
     items: tuple[SettleItem, ...]
+    #: the client takes the settlement as final once Kafka appended it, and
+    #: waits for no answer; if it was appended too late, the client sends the
+    #: same command id again without it, to get the (remembered) answer
+    quiet: bool = False
 
     def to_wire(self) -> dict[str, Any]:
-        return {"items": [item.to_wire() for item in self.items]}
+        wire: dict[str, Any] = {"items": [item.to_wire() for item in self.items]}
+        if self.quiet:
+            wire["quiet"] = True
+        return wire
 
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> Self:
         items = obj.get("items")
         if not isinstance(items, list) or not items or len(items) > MAX_ACQUIRE:
             raise CommandError(f"field 'items' must be a list of 1..{MAX_ACQUIRE} settlements")
-        return cls(tuple(SettleItem.from_wire(item) for item in items))
+        quiet = obj.get("quiet", False)
+        if not isinstance(quiet, bool):
+            raise CommandError("field 'quiet' must be true or false")
+        return cls(tuple(SettleItem.from_wire(item) for item in items), quiet)
 
 
 @dataclass(frozen=True)
