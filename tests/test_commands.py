@@ -56,6 +56,7 @@ EVERY_CLIENT_ARGS: list[ClientArgs] = [
     SettleArgs((SettleItem(4, "t", Action.COMPLETE, enqueued_ms=12),
                 SettleItem(5, "t", Action.SCHEDULE, at_ms=99),
                 SettleItem(6, "t", Action.DEAD_LETTER, "why", "because", None, 13))),
+    SettleArgs((SettleItem(4, "t", Action.COMPLETE),), quiet=True),
     StatsArgs(0),
     StatsArgs(4, version=17),
     PeekArgs("deadletter", 3, 20, 9),
@@ -89,6 +90,17 @@ def test_the_wire_keeps_the_documented_fields() -> None:
     body = json.loads(encode_command(cmd))
     assert body == {"v": 1, "id": "id1", "op": "peek", "entity": "orders", "partition": 0,
                     "reply": None, "sub": "active", "from": 3, "max": 20, "hw": 9}
+
+
+def test_a_settlement_is_quiet_only_when_it_says_so() -> None:
+    items = (SettleItem(4, "t", Action.COMPLETE),)
+    loud = json.loads(encode_command(Command("id1", "orders", 0, SettleArgs(items))))
+    assert "quiet" not in loud  # the wire of every settlement before it stays the same
+    quiet = encode_command(Command("id1", "orders", 0, SettleArgs(items, quiet=True)))
+    decoded = decode_command(quiet).args
+    assert isinstance(decoded, SettleArgs) and decoded.quiet
+    with pytest.raises(CommandError, match="'quiet' must be true or false"):
+        decode_command(json.dumps({**json.loads(quiet), "quiet": "yes"}).encode())
 
 
 def test_op_metadata_is_declared_for_every_op() -> None:
