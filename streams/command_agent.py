@@ -63,7 +63,14 @@ from topics.commands import (
 )
 from topics.entities import NAMESPACE_KEY
 from topics.errors import ErrorCode
-from topics.events import encode_record, event_record, is_event, record_key, state_record
+from topics.events import (
+    encode_record,
+    event_record,
+    is_event,
+    merge_event,
+    record_key,
+    state_record,
+)
 from topics.partitions import command_partition
 
 log = logging.getLogger(__name__)
@@ -293,10 +300,16 @@ class _Chunk:
 
     def add(self, records: list[dict[str, Any]]) -> None:
         for record in records:
-            if is_event(record):
-                self.events.append(record)
-            else:
+            if not is_event(record):
                 self.states[record_key(record)] = record
+            elif not (self.events and merge_event(self.events[-1], record)):
+                self.events.append(record)
+
+    def seal(self) -> None:
+        """Add the window's summary as the commit leaves it (once per record,
+        not per command: the compacted state topic keeps only the last)."""
+        summary = state_record(self.window.summary(), int(time.time() * 1000))
+        self.states[record_key(summary)] = summary
 
     def record(self) -> bytes:
         """The commit record: this chunk's writes and events, after those of
@@ -428,6 +441,8 @@ async def _commit(chunks: list[_Chunk]) -> None:
     """Write the commit record of each chunk, all at once; once Kafka holds
     them, send their writes and events, and answer their commands."""
     changed = [c for c in chunks if c.changed]
+    for chunk in changed:
+        chunk.seal()
     records = [c.record() for c in changed]
     await asyncio.gather(*(c.header_store.write(c.key, r)
                            for c, r in zip(changed, records, strict=True)))
@@ -440,11 +455,13 @@ async def _commit(chunks: list[_Chunk]) -> None:
         # copies: a window that goes on applying commands changes its own dicts
         _written[chunk.key] = (record, {k: dict(v) if isinstance(v, dict) else v
                                         for k, v in chunk.window.header().items()})
-    if changed:
-        _start_follow_up(changed)
+    # Answers first: they then leave in the producer's next request, ahead
+    # of the follow-up, which nobody waits for.
     for chunk in chunks:
         for cmd, result in chunk.answers:
             _reply_ok(cmd, result)
+    if changed:
+        _start_follow_up(changed)
 
 
 def _load(key: bytes, raw: bytes | None, cmd: Command, store: Txn) -> InflightWindow | None:
@@ -461,17 +478,17 @@ def _load(key: bytes, raw: bytes | None, cmd: Command, store: Txn) -> InflightWi
 
 def _event_records(window: InflightWindow, events: list[Event], command_id: str
                    ) -> list[dict[str, Any]]:
-    """Settlement events (one record per kind), then the window's new summary
-    and those of the sessions it changed, for the state topic (the records
-    without a ``type``).
+    """Settlement events (one record per kind), then the summaries of the
+    sessions the command changed, for the state topic (the records without a
+    ``type``); the window's own summary is added once per commit record
+    (:meth:`_Chunk.seal`).
 
     Each event names the command that caused it, so readers can drop the
     repeats a recovery publishes again, by (cmd, type, entity, partition)."""
     now = int(time.time() * 1000)
     records = [event_record(ev.type, window.entity, window.partition, ev.offsets, ev.count,
                             now, command_id, ev.extra) for ev in events]
-    return [*records, state_record(window.summary(), now),
-            *(state_record(summary, now) for summary in sessions.summaries(window, now))]
+    return [*records, *(state_record(summary, now) for summary in sessions.summaries(window, now))]
 
 
 @dataclass

@@ -65,9 +65,23 @@ class DueIndex:
     def remove(self, key: bytes) -> None:
         self._txn.delete(key)
 
+    def next_wake(self, previous: int | None) -> int | None:
+        """When the earliest timer is due after this transaction, knowing it
+        was ``previous`` before: read from the store only when the
+        transaction deleted the earliest key (a settlement that emptied the
+        first lock's key, say), since a key's due time is in its name."""
+        mine = [(k, v) for k, v in self._txn.writes.items() if k.startswith(self._prefix)]
+        if not mine:
+            return previous
+        if any(v is None and self._due_of(k) == previous for k, v in mine):
+            return self.first()
+        added = [self._due_of(k) for k, v in mine if v is not None]
+        return min([*added, *([] if previous is None else [previous])], default=None)
+
+    def _due_of(self, key: bytes) -> int:
+        return int(key[len(self._prefix):len(self._prefix) + _DUE_WIDTH], 16)
+
     def first(self) -> int | None:
         """When the earliest timer is due."""
         found = self._txn.first(self._prefix, self._prefix + b"~")
-        if found is None:
-            return None
-        return int(found[0][len(self._prefix):len(self._prefix) + _DUE_WIDTH], 16)
+        return None if found is None else self._due_of(found[0])

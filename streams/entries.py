@@ -105,7 +105,7 @@ class Entries:
         self._index_prefix = prefix + b"q"
         #: state -> how many entries are in it (stored in the window's header)
         self.counts = counts
-        self._chunks: dict[int, dict[int, Entry]] = {}
+        self._chunks: dict[int, _Chunk] = {}
         self._indexes: dict[tuple[str, int], list[int]] = {}
         self._dirty_chunks: set[int] = set()
         self._dirty_indexes: set[tuple[str, int]] = set()
@@ -123,10 +123,8 @@ class Entries:
             self.counts[old.state] -= 1
             if not self.counts[old.state]:
                 del self.counts[old.state]
-        if entry is None:
-            chunk.pop(offset, None)
-        else:
-            chunk[offset] = entry
+        chunk.set(offset, entry)
+        if entry is not None:
             self.counts[entry.state] = self.counts.get(entry.state, 0) + 1
         self._dirty_chunks.add(number)
         before = _FAMILY.get(old.state) if old else None
@@ -151,9 +149,9 @@ class Entries:
                                  self._chunk_prefix + _hex((stop + CHUNK - 1) // CHUNK))
         for key, raw in chunks:
             chunk = self._chunk(int(key[len(self._chunk_prefix):], 16), raw)
-            for offset in sorted(chunk):
-                if start <= offset < stop:
-                    yield offset, chunk[offset]
+            for offset in chunk.offsets():
+                if start <= offset < stop and (entry := chunk.get(offset)) is not None:
+                    yield offset, entry
 
     def in_family(self, family: str, start: int = 0) -> Iterator[tuple[int, Entry]]:
         """Entries of one sub-queue (see :data:`FAMILIES`) from ``start`` on, in
@@ -169,19 +167,20 @@ class Entries:
 
     def first_offset(self) -> int | None:
         """The lowest offset that has an entry."""
-        for offset, _ in self.between(0, 1 << 48):
-            return offset
-        return None
+        self.flush()
+        found = self._txn.first(self._chunk_prefix, self._chunk_prefix + b"~")
+        if found is None:
+            return None
+        return self._chunk(int(found[0][len(self._chunk_prefix):], 16), found[1]).offsets()[0]
 
     # ----------------------------------------------------------------- storage
     def flush(self) -> None:
         """Write the chunks and indexes changed so far into the transaction."""
         for number in self._dirty_chunks:
-            chunk = self._chunks[number]
             key = self._chunk_prefix + _hex(number)
-            if chunk:
-                body = {str(o): e.encode() for o, e in chunk.items()}
-                self._txn.put(key, json.dumps(body, separators=(",", ":")).encode())
+            raw = self._chunks[number].encode()
+            if raw is not None:
+                self._txn.put(key, raw)
             else:
                 self._txn.delete(key)
         for family, number in self._dirty_indexes:
@@ -194,13 +193,13 @@ class Entries:
         self._dirty_chunks.clear()
         self._dirty_indexes.clear()
 
-    def _chunk(self, number: int, raw: bytes | None = None) -> dict[int, Entry]:
-        """The chunk ``number``, decoded once per command (from ``raw`` when
-        the caller has just read it)."""
+    def _chunk(self, number: int, raw: bytes | None = None) -> _Chunk:
+        """The chunk ``number``, read once per command (from ``raw`` when the
+        caller has just read it)."""
         chunk = self._chunks.get(number)
         if chunk is None:
             raw = raw if raw is not None else self._txn.get(self._chunk_prefix + _hex(number))
-            chunk = {int(o): Entry.decode(f) for o, f in json.loads(raw).items()} if raw else {}
+            chunk = _Chunk.read(raw)
             self._chunks[number] = chunk
         return chunk
 
@@ -211,3 +210,69 @@ class Entries:
             offsets = json.loads(raw) if raw else []
             self._indexes[family, number] = offsets
         return offsets
+
+
+class _Chunk:
+    """The entries of :data:`CHUNK` consecutive offsets, as stored: a JSON
+    object of offset -> :meth:`Entry.encode` fields. An entry is decoded only
+    when read, and an unchanged one is written back as it was read, so a
+    command that settles one message pays for that one entry, not for the
+    whole chunk (its JSON is parsed and dumped in C)."""
+
+    #: stored chunk -> its parsed fields, for the chunks read last: the next
+    #: command on a window reads back what the one before wrote
+    _parsed: dict[bytes, dict[str, list[object]]] = {}
+    _PARSED_MAX = 512
+
+    def __init__(self, fields: dict[str, list[object]]) -> None:
+        self._fields = fields
+        self._entries: dict[int, Entry] = {}
+        self._sorted: list[int] | None = None
+
+    @classmethod
+    def read(cls, raw: bytes | None) -> _Chunk:
+        if not raw:
+            return cls({})
+        parsed = cls._parsed.get(raw)
+        if parsed is None:
+            parsed = json.loads(raw)
+            cls._remember(raw, parsed)
+        return cls(dict(parsed))  # a copy: this one changes, the cached one must not
+
+    @classmethod
+    def _remember(cls, raw: bytes, parsed: dict[str, list[object]]) -> None:
+        if len(cls._parsed) >= cls._PARSED_MAX:
+            cls._parsed.clear()
+        cls._parsed[raw] = parsed
+
+    def get(self, offset: int) -> Entry | None:
+        entry = self._entries.get(offset)
+        if entry is None:
+            fields = self._fields.get(str(offset))
+            if fields is None:
+                return None
+            entry = self._entries[offset] = Entry.decode(fields)
+        return entry
+
+    def set(self, offset: int, entry: Entry | None) -> None:
+        if entry is None:
+            self._fields.pop(str(offset), None)
+            self._entries.pop(offset, None)
+        else:
+            self._fields[str(offset)] = entry.encode()
+            self._entries[offset] = entry
+        self._sorted = None
+
+    def offsets(self) -> list[int]:
+        """The offsets that have an entry, in order."""
+        if self._sorted is None:
+            self._sorted = sorted(map(int, self._fields))
+        return self._sorted
+
+    def encode(self) -> bytes | None:
+        """The stored form; None when no entry is left (the key is deleted)."""
+        if not self._fields:
+            return None
+        raw = json.dumps(self._fields, separators=(",", ":")).encode()
+        self._remember(raw, dict(self._fields))
+        return raw

@@ -239,7 +239,8 @@ class InflightWindow:
             stored = self.answers.get(cmd.id)
             if stored is not None:
                 return Outcome(self._replay(cmd, stored), [], changed=False)
-        events = self._expire(now)
+        # ``wake`` is when the first timer is due: before it, nothing is
+        events = self._expire(now) if self.wake is not None and self.wake <= now else []
         result = HANDLERS[cmd.op](self, cmd, now, events)
         if remembered:
             self.answers.put(cmd.id, now, self._compact(cmd, result))
@@ -249,7 +250,7 @@ class InflightWindow:
             self.totals[ev.type] = self.totals.get(ev.type, 0) + ev.count
         self.sessions.flush()
         self.entries.flush()
-        self.wake = self.due.first()
+        self.wake = self.due.next_wake(self.wake)
         self.retained = self.retained_from()
         writes = self.txn.writes
         changed = bool(writes) or self.header() != before

@@ -78,7 +78,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
@@ -774,9 +773,14 @@ def lock_token(secret: bytes, batch: int, offset: int) -> str:
     secret, which only the engine reads, a token cannot be forged, and the
     token of an earlier lock on the same offset no longer matches.
     """
-    digest = hashlib.blake2b(batch.to_bytes(8, "big") + offset.to_bytes(8, "big"),
-                             key=secret, digest_size=16).digest()
-    return str(uuid.UUID(bytes=digest, version=4))
+    digest = bytearray(hashlib.blake2b(batch.to_bytes(8, "big") + offset.to_bytes(8, "big"),
+                                       key=secret, digest_size=16).digest())
+    # What uuid.UUID(bytes=digest, version=4) prints, at a third of the cost
+    # (the engine derives one per message it locks and per one it settles).
+    digest[6] = (digest[6] & 0x0F) | 0x40
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    h = digest.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def batch_id(command_id: str) -> int:

@@ -79,6 +79,29 @@ def event_record(type_: str, entity: str, partition: int, offsets: list[int], co
             "count": count, "ts": ts, "cmd": command_id, **extra}
 
 
+#: event fields that hold one value per offset, in the order of ``offsets``
+PER_OFFSET_FIELDS = ("held", "deliveries", "enqueued")
+#: fields that two events may differ in and still be one record
+_MERGED_FIELDS = frozenset({"offsets", "count", "ts", "cmd", *PER_OFFSET_FIELDS})
+
+
+def merge_event(into: dict[str, Any], record: Mapping[str, Any]) -> bool:
+    """Append ``record``'s offsets to ``into`` when they are the same event
+    of the same window (type and every other detail equal), as one record;
+    whether they were. The merged record keeps ``into``'s command id and
+    time: readers drop repeats by command id, and a repeat is always the
+    whole record again."""
+    if (into.keys() != record.keys() or into["count"] != len(into["offsets"])
+            or record["count"] != len(record["offsets"]) or not record["offsets"]
+            or any(into[k] != record[k] for k in into if k not in _MERGED_FIELDS)):
+        return False
+    for name in ("offsets", *PER_OFFSET_FIELDS):
+        if name in into:
+            into[name] = [*into[name], *record[name]]
+    into["count"] = len(into["offsets"])
+    return True
+
+
 def state_record(summary: Mapping[str, Any], ts: int) -> dict[str, Any]:
     """A window's or a session's summary, stamped."""
     return {**summary, "ts": ts}
