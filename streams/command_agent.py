@@ -25,9 +25,8 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-from faust.streams import Stream
 from faust.types import TP, EventT, StreamT
 
 from streams import sessions
@@ -104,10 +103,12 @@ on_tick: list[Callable[[int], Awaitable[None]]] = []
 _time_known: dict[int, asyncio.Event] = {}
 #: how long the engine's own operation waits for its partition's time
 _TIME_WAIT_S = 5.0
-#: most commands run together, and how long the agent gathers them (the
-#: latency a lone command pays for group commit)
+#: most commands run together (group commit)
 MAX_BATCH = 500
-BATCH_WAIT_S = 0.001
+#: commands read and not yet run: the next batch takes all of them, so a
+#: lone command runs at once and a busy engine runs what queued meanwhile
+#: together. Bounded: the agent stops reading while it is full.
+_inbox: asyncio.Queue[EventT] = asyncio.Queue(maxsize=MAX_BATCH)
 #: Fault injection for tests: the worker exits (as after ``kill -9``) right
 #: after the commit record of the first command of this operation is
 #: acknowledged, before its writes and events are sent.
@@ -123,15 +124,34 @@ def definitions() -> Definitions:
 
 @app.agent(commands_topic)
 async def process_commands(stream: StreamT) -> None:
-    """Commands in batches of what arrived together (group commit); Faust
-    acknowledges a batch's records once it has run, so a command is never
+    """Read commands into the inbox, for :func:`run_batches`."""
+    async for event in stream.events():
+        event.message.incref()  # held past the stream's own acknowledgement: see _release
+        await _inbox.put(event)
+
+
+@app.task
+async def run_batches() -> None:
+    """Run what the inbox holds, in batches (group commit). Faust may commit
+    a command's offset only once its batch ran, so a command is never
     committed before its commit record is in Kafka."""
-    # Faust's StreamT declares no take_events; the Stream it passes has it
-    async for events in cast(Stream, stream).take_events(MAX_BATCH, BATCH_WAIT_S):
+    while True:
+        events = [await _inbox.get()]
+        while len(events) < MAX_BATCH and not _inbox.empty():
+            events.append(_inbox.get_nowait())
+        owned = app.consumer.assignment()
         try:
-            await _handle(events)
+            # a partition revoked meanwhile is its new owner's to run
+            await _handle([e for e in events if e.message.tp in owned])
         except Exception:  # never let one batch stop the engine
             log.exception("a batch of %d commands failed", len(events))
+        _release(events)
+
+
+def _release(events: Sequence[EventT]) -> None:
+    """Let Faust commit the offsets of ``events`` (their last reference)."""
+    for event in events:
+        event.ack()
 
 
 @app.on_rebalance_complete.connect
