@@ -9,6 +9,12 @@ than an empty one. Sub-queues (available for redelivery, dead-lettered,
 transfer dead-lettered, deferred, scheduled) have their own ordered index
 chunks, so receiving from a dead-letter queue reads its first chunk instead of
 walking everything; per-state counts are kept as entries change.
+
+Long dead-letter texts (reason and description) are kept apart, under a key
+of their own per offset, so that a chunk stays a few kilobytes however many
+dead letters it holds: a command that settles one message rewrites its
+chunk, and a chunk holding a hundred dead letters with 4 KB descriptions
+would pass what one commit record may carry (docs/settlement-by-log.md).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import bisect
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from streams.states import (
     AVAILABLE,
@@ -31,6 +37,9 @@ from streams.states import (
 from streams.store import Txn
 
 CHUNK = 128
+#: dead-letter texts longer than this (reason and description together) are
+#: kept apart from their chunk
+TEXTS_INLINE = 256
 #: state -> the sub-queue index it is listed in
 _FAMILY = {AVAILABLE: "a", DEAD: "d", DEAD_LOCKED: "d", TRANSFER_DEAD: "t",
            TRANSFER_DEAD_LOCKED: "t", DEFERRED: "f", DEFERRED_LOCKED: "f", SCHEDULED: "s"}
@@ -92,6 +101,10 @@ def _str_or_none(value: object) -> str | None:
     return None if value is None else _str(value)
 
 
+def _texts_size(entry: Entry) -> int:
+    return len(entry.reason or "") + len(entry.description or "")
+
+
 def _hex(n: int, width: int = 12) -> bytes:
     return f"{n:0{width}x}".encode()
 
@@ -103,6 +116,7 @@ class Entries:
         self._txn = txn
         self._chunk_prefix = prefix + b"c"
         self._index_prefix = prefix + b"q"
+        self._texts_prefix = prefix + b"x"
         #: state -> how many entries are in it (stored in the window's header)
         self.counts = counts
         self._chunks: dict[int, _Chunk] = {}
@@ -112,18 +126,35 @@ class Entries:
 
     # ------------------------------------------------------------ point access
     def get(self, offset: int) -> Entry | None:
-        return self._chunk(offset // CHUNK).get(offset)
+        return self._read(self._chunk(offset // CHUNK), offset)
+
+    def _read(self, chunk: _Chunk, offset: int) -> Entry | None:
+        """The entry of ``offset`` in ``chunk``, its texts read back if apart."""
+        entry = chunk.get(offset)
+        if entry is not None and chunk.apart(offset):
+            raw = self._txn.get(self._texts_prefix + _hex(offset))
+            reason, description = json.loads(raw) if raw else (None, None)
+            entry = chunk.restore(offset, replace(entry, reason=reason, description=description))
+        return entry
 
     def put(self, offset: int, entry: Entry | None) -> None:
         """Set (or with None, forget) the entry of ``offset``."""
         number = offset // CHUNK
         chunk = self._chunk(number)
-        old = chunk.get(offset)
+        old = self._read(chunk, offset)
         if old is not None:
             self.counts[old.state] -= 1
             if not self.counts[old.state]:
                 del self.counts[old.state]
-        chunk.set(offset, entry)
+        apart = entry is not None and _texts_size(entry) > TEXTS_INLINE
+        texts_key = self._texts_prefix + _hex(offset)
+        if apart and entry is not None and (
+                old is None or not chunk.apart(offset)
+                or (old.reason, old.description) != (entry.reason, entry.description)):
+            self._txn.put(texts_key, json.dumps([entry.reason, entry.description]).encode())
+        elif not apart and chunk.apart(offset):
+            self._txn.delete(texts_key)
+        chunk.set(offset, entry, apart=apart)
         if entry is not None:
             self.counts[entry.state] = self.counts.get(entry.state, 0) + 1
         self._dirty_chunks.add(number)
@@ -150,7 +181,7 @@ class Entries:
         for key, raw in chunks:
             chunk = self._chunk(int(key[len(self._chunk_prefix):], 16), raw)
             for offset in chunk.offsets():
-                if start <= offset < stop and (entry := chunk.get(offset)) is not None:
+                if start <= offset < stop and (entry := self._read(chunk, offset)) is not None:
                     yield offset, entry
 
     def in_family(self, family: str, start: int = 0) -> Iterator[tuple[int, Entry]]:
@@ -212,6 +243,11 @@ class Entries:
         return offsets
 
 
+#: a chunk's fields of an entry whose texts are apart: the nine of
+#: :meth:`Entry.encode`, then a marker
+_APART_AT = 9
+
+
 class _Chunk:
     """The entries of :data:`CHUNK` consecutive offsets, as stored: a JSON
     object of offset -> :meth:`Entry.encode` fields. An entry is decoded only
@@ -246,20 +282,38 @@ class _Chunk:
         cls._parsed[raw] = parsed
 
     def get(self, offset: int) -> Entry | None:
+        """The entry of ``offset``; without its texts if they are apart."""
         entry = self._entries.get(offset)
         if entry is None:
             fields = self._fields.get(str(offset))
             if fields is None:
                 return None
-            entry = self._entries[offset] = Entry.decode(fields)
+            entry = self._entries[offset] = Entry.decode(fields[:_APART_AT])
         return entry
 
-    def set(self, offset: int, entry: Entry | None) -> None:
+    def apart(self, offset: int) -> bool:
+        """Whether the entry's dead-letter texts are kept apart."""
+        fields = self._fields.get(str(offset))
+        return fields is not None and len(fields) > _APART_AT
+
+    def restore(self, offset: int, entry: Entry) -> Entry:
+        """Remember ``entry`` read whole (with its texts kept apart)."""
+        self._entries[offset] = entry
+        return entry
+
+    def set(self, offset: int, entry: Entry | None, *, apart: bool = False) -> None:
+        """Set the entry of ``offset``; ``apart``: its texts are stored
+        elsewhere, the chunk marks their place."""
         if entry is None:
             self._fields.pop(str(offset), None)
             self._entries.pop(offset, None)
         else:
-            self._fields[str(offset)] = entry.encode()
+            if apart:
+                fields = replace(entry, reason=None, description=None).encode()
+                fields += [None] * (_APART_AT - len(fields)) + [1]
+            else:
+                fields = entry.encode()
+            self._fields[str(offset)] = fields
             self._entries[offset] = entry
         self._sorted = None
 

@@ -90,6 +90,25 @@ def test_dead_letter_sub_queue_never_dead_letters_again() -> None:
     assert win.stats()["dead_letter"] == 0
 
 
+def test_long_dead_letter_texts_stay_out_of_the_chunk_a_settlement_rewrites() -> None:
+    win = new_window()
+    grants = acquire(win, 0, n=101, hw=101)
+    reason, description = "r" * 4096, "d" * 4096
+    for g in grants[:100]:  # one by one, as the engine takes them (each fits a record)
+        win.apply(cmd("settle", items=[[g[0], g[1], "dead_letter", reason, description,
+                                        None, None]]), 1)
+    last = grants[100]
+    outcome = win.apply(cmd("settle", items=[[last[0], last[1], "complete", None, None, None,
+                                              None]]), 2)
+    assert outcome.result["results"] == [["ok", 0]]
+    # the chunk it rewrites holds 100 dead letters, not their 800 KB of texts
+    assert sum(len(k) + len(v or b"") for k, v in outcome.writes.items()) < 20_000
+    dead = acquire(win, 3, n=100, sub="deadletter")
+    assert len(dead) == 100 and all(g[4] == reason and g[5] == description for g in dead)
+    settle(win, 4, dead, "complete")
+    assert not [k for k in win.store._keys if k.startswith(win.prefix + b"x")]
+
+
 def test_defer_parks_message_until_fetched_by_offset() -> None:
     win = new_window()
     grants = acquire(win, 0, n=2, hw=2)
