@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from faust.types import TP, EventT, StreamT
+from faust.types import TP, EventT, StreamT, TopicT
 
 from streams import sessions
 from streams.app import (
@@ -86,6 +86,8 @@ _recovered: set[bytes] = set()
 #: header is parsed only when another worker wrote it
 _written: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
 _followed: list[Definitions] = []
+#: ticks on their way to the commands topic (see request_tick)
+_ticks: set[asyncio.Future[Any]] = set()
 #: called (in a thread) with the key of each window the engine forgets
 on_window_dropped: list[Callable[[str], None]] = []
 #: called with each client command admitted (not the engine's own operations)
@@ -223,8 +225,19 @@ def _admit(event: EventT) -> Command | None:
 def request_tick(partition: int) -> None:
     """Append a tick to a commands partition, so that its time moves on
     (:mod:`streams.log_clock`). A tick anyone appends only tells the time
-    the broker stamped on it: harmless."""
-    asyncio.ensure_future(commands_topic.send(key=TICK_KEY, value=b"", partition=partition))
+    the broker stamped on it: harmless. One that fails is logged; the timer
+    asks again at its next round."""
+    tick = asyncio.ensure_future(commands_topic.send(key=TICK_KEY, value=b"",
+                                                     partition=partition))
+    _ticks.add(tick)
+    tick.add_done_callback(_ticked)
+
+
+def _ticked(tick: asyncio.Future[Any]) -> None:
+    _ticks.discard(tick)
+    if not tick.cancelled() and tick.exception() is not None:
+        log.warning("could not append a tick to the commands topic (%s); the timer asks "
+                    "again", tick.exception())
 
 
 def _admitted(cmd: Command) -> bool:
@@ -553,21 +566,24 @@ async def _settled(key: bytes) -> None:
         await asyncio.gather(unsettled.sent, return_exceptions=True)
 
 
-def _publish(outbox: list[dict[str, Any]]) -> list[asyncio.Future[Any]]:
-    """Hand the outbox to the producer. Faust's ``send`` resolves once the
-    producer has taken a record, not once Kafka acknowledged it, so the next
-    command does not wait for the events' acknowledgement and a delivery
-    that fails later goes unnoticed (the events are missing from the events
-    topic; state and answers are not affected). Known, kept as it is until
-    the engine's commit path is reworked for group commit (issue 24)."""
-    sent: list[asyncio.Future[Any]] = []
+def _publish(outbox: list[dict[str, Any]]) -> list[asyncio.Future[None]]:
+    """Send the outbox, in order; each future resolves once Kafka
+    acknowledged its record (until then the window's next commit record
+    carries it again)."""
+    sent: list[asyncio.Future[None]] = []
     for record in outbox:
         topic = events_topic if is_event(record) else state_topic
         key = record_key(record)
-        sent.append(asyncio.ensure_future(topic.send(key=key, value=encode_record(record))))
+        sent.append(asyncio.ensure_future(_acknowledged(topic, key, encode_record(record))))
         if record.get("gone"):  # compaction forgets the session
-            sent.append(asyncio.ensure_future(topic.send(key=key, value=None)))
+            sent.append(asyncio.ensure_future(_acknowledged(topic, key, None)))
     return sent
+
+
+async def _acknowledged(topic: TopicT, key: bytes, value: bytes | None) -> None:
+    """Send one record and wait until Kafka acknowledged it (Faust's ``send``
+    returns once its producer took the record)."""
+    await (await topic.send(key=key, value=value))
 
 
 async def _recover(raw: bytes, store: TableStore) -> None:
