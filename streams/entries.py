@@ -102,6 +102,8 @@ def _str_or_none(value: object) -> str | None:
 
 
 def _texts_size(entry: Entry) -> int:
+    if entry.reason is None and entry.description is None:
+        return 0
     return len(entry.reason or "") + len(entry.description or "")
 
 
@@ -147,13 +149,14 @@ class Entries:
             if not self.counts[old.state]:
                 del self.counts[old.state]
         apart = entry is not None and _texts_size(entry) > TEXTS_INLINE
-        texts_key = self._texts_prefix + _hex(offset)
+        was_apart = old is not None and chunk.apart(offset)
         if apart and entry is not None and (
-                old is None or not chunk.apart(offset)
+                not was_apart or old is None
                 or (old.reason, old.description) != (entry.reason, entry.description)):
-            self._txn.put(texts_key, json.dumps([entry.reason, entry.description]).encode())
-        elif not apart and chunk.apart(offset):
-            self._txn.delete(texts_key)
+            self._txn.put(self._texts_prefix + _hex(offset),
+                          json.dumps([entry.reason, entry.description]).encode())
+        elif was_apart and not apart:
+            self._txn.delete(self._texts_prefix + _hex(offset))
         chunk.set(offset, entry, apart=apart)
         if entry is not None:
             self.counts[entry.state] = self.counts.get(entry.state, 0) + 1

@@ -109,6 +109,19 @@ def test_long_dead_letter_texts_stay_out_of_the_chunk_a_settlement_rewrites() ->
     assert not [k for k in win.store._keys if k.startswith(win.prefix + b"x")]
 
 
+def test_a_long_description_without_a_reason_is_kept_apart_and_dropped_with_its_message() -> None:
+    win = new_window()
+    grant = acquire(win, 0, n=1, hw=1)[0]
+    win.apply(cmd("settle", items=[[grant[0], grant[1], "dead_letter", None, "d" * 1000,
+                                    None, None]]), 1)
+    texts = win.prefix + b"x"
+    assert [k for k in win.store._keys if k.startswith(texts)]
+    dead = acquire(win, 2, n=1, sub="deadletter")
+    assert dead[0][4] is None and dead[0][5] == "d" * 1000
+    settle(win, 3, dead, "complete")
+    assert not [k for k in win.store._keys if k.startswith(texts)]
+
+
 def test_defer_parks_message_until_fetched_by_offset() -> None:
     win = new_window()
     grants = acquire(win, 0, n=2, hw=2)
