@@ -67,6 +67,7 @@ from topics.events import (
     event_record,
     is_event,
     merge_event,
+    own_event,
     record_key,
     state_record,
 )
@@ -336,7 +337,7 @@ class _Chunk:
             if not is_event(record):
                 self.states[record_key(record)] = record
             elif not (self.events and merge_event(self.events[-1], record)):
-                self.events.append(record)
+                self.events.append(own_event(record))
 
     def seal(self) -> None:
         """Add the window's summary as the commit leaves it (once per record,

@@ -48,6 +48,7 @@ from topics.commands import (
     lock_token,
 )
 from topics.errors import ErrorCode
+from topics.events import event_record, merge_event, own_event
 
 EVERY_CLIENT_ARGS: list[ClientArgs] = [
     AcquireArgs("active", "peek_lock", 10, 7),
@@ -207,3 +208,20 @@ def test_lock_tokens_are_keyed_uuid4s() -> None:
     assert uuid.UUID(token).version == 4 and lock_token(secret, 12345, 678) == token
     assert len({token, lock_token(other, 12345, 678), lock_token(secret, 12346, 678),
                 lock_token(secret, 12345, 679)}) == 4
+
+
+def test_events_of_one_kind_merge_into_one_record_and_leave_their_sources_alone() -> None:
+    def abandoned(offset: int, cmd_id: str, reason: str = "why") -> dict[str, Any]:
+        return event_record("abandoned", "q", 0, [offset], 1, offset, cmd_id,
+                            {"deliveries": [offset % 3], "reason": reason})
+
+    first = abandoned(0, "c0")
+    merged = own_event(first)
+    sources = [abandoned(i, f"c{i}") for i in range(1, 1000)]
+    assert all(merge_event(merged, record) for record in sources)
+    assert merged["offsets"] == list(range(1000)) and merged["count"] == 1000
+    assert merged["deliveries"] == [i % 3 for i in range(1000)]
+    assert (merged["cmd"], merged["ts"]) == ("c0", 0)  # the first command names the record
+    assert first["offsets"] == [0] and sources[0]["offsets"] == [1]
+    assert not merge_event(merged, abandoned(1000, "c1000", reason="other"))
+    assert merged["count"] == 1000

@@ -90,16 +90,22 @@ def merge_event(into: dict[str, Any], record: Mapping[str, Any]) -> bool:
     of the same window (type and every other detail equal), as one record;
     whether they were. The merged record keeps ``into``'s command id and
     time: readers drop repeats by command id, and a repeat is always the
-    whole record again."""
+    whole record again. ``into``'s lists are extended in place (a batch of
+    n merges costs n, not n²): ``into`` must own them (see ``own_event``)."""
     if (into.keys() != record.keys() or into["count"] != len(into["offsets"])
             or record["count"] != len(record["offsets"]) or not record["offsets"]
             or any(into[k] != record[k] for k in into if k not in _MERGED_FIELDS)):
         return False
     for name in ("offsets", *PER_OFFSET_FIELDS):
         if name in into:
-            into[name] = [*into[name], *record[name]]
+            into[name].extend(record[name])
     into["count"] = len(into["offsets"])
     return True
+
+
+def own_event(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of an event record whose lists ``merge_event`` may extend."""
+    return {k: list(v) if isinstance(v, list) else v for k, v in record.items()}
 
 
 def state_record(summary: Mapping[str, Any], ts: int) -> dict[str, Any]:
