@@ -183,7 +183,12 @@ async def _handle(events: Sequence[EventT]) -> None:
         if event.key == TICK_KEY:
             ticked[partition] = None
             continue
-        cmd = _admit(event)
+        try:
+            cmd = _admit(event)
+        except Exception:  # one unreadable record must not cost the batch its other commands
+            log.exception("could not read the command at partition %d offset %d; skipped",
+                          partition, event.message.offset)
+            continue
         if cmd is not None:
             runs.append(_Run(cmd, partition, round(event.message.timestamp * 1000),
                              clock.now(partition)))

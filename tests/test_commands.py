@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import typing
 import uuid
 from typing import Any
@@ -184,6 +185,10 @@ def test_the_engine_error_codes_map_to_the_sdk_exceptions() -> None:
     (json.dumps({"v": 9, "id": "x", "op": "acquire"}).encode(), "version"),
     (json.dumps({"v": 1, "id": "x", "op": "explode", "entity": "q", "partition": 0}).encode(),
      "unknown operation"),
+    (json.dumps({"v": 1, "id": "x", "op": {"a": 1}, "entity": "q", "partition": 0}).encode(),
+     "unknown operation"),
+    (json.dumps({"v": 1, "id": "x", "op": ["acquire"], "entity": "q", "partition": 0}).encode(),
+     "unknown operation"),
     (json.dumps({"v": 1, "id": "x", "op": "acquire", "entity": "q", "partition": -1}).encode(),
      "partition"),
     (json.dumps({"v": 1, "id": "x", "op": "settle", "entity": "q", "partition": 0,
@@ -225,3 +230,17 @@ def test_events_of_one_kind_merge_into_one_record_and_leave_their_sources_alone(
     assert first["offsets"] == [0] and sources[0]["offsets"] == [1]
     assert not merge_event(merged, abandoned(1000, "c1000", reason="other"))
     assert merged["count"] == 1000
+
+
+def test_mistyped_commands_are_refused_as_commands_never_with_another_error() -> None:
+    """A field of the wrong type (a list where a name belongs, say) is a
+    CommandError: anything else would fail the engine's batch of commands."""
+    from tests.test_fuzz import FORGED_OPS, HARMLESS_OPS, command_body, mistyped
+
+    rng = random.Random(7)
+    for _ in range(20_000):
+        body = mistyped(rng, command_body(rng, "q", rng.choice(HARMLESS_OPS + FORGED_OPS)))
+        try:
+            decode_command(json.dumps(body).encode())
+        except CommandError:
+            pass

@@ -78,10 +78,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
-from typing import Any, ClassVar, Generic, Self, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeGuard, TypeVar
 
 from topics.errors import ErrorCode
 from topics.rule_set import RuleSpec, selects_everything
@@ -273,7 +273,7 @@ class SettleItem:
             raise CommandError(f"settlement offset must be a non-negative integer, got {offset!r}")
         if not isinstance(token, str) or len(token) > 64:
             raise CommandError("settlement lock_token must be a string")
-        if action not in _ACTIONS:
+        if not _one_of(action, _ACTIONS):
             raise CommandError(f"settlement action {action!r} is not one of {sorted(_ACTIONS)}")
         for text in (reason, description):
             if text is not None and (not isinstance(text, str) or len(text) > MAX_TEXT):
@@ -355,9 +355,9 @@ class AcquireArgs(WireArgs):
 
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> Self:
-        if obj.get("sub") not in SUB_QUEUES:
+        if not _one_of(obj.get("sub"), SUB_QUEUES):
             raise CommandError(f"field 'sub' must be one of {sorted(SUB_QUEUES)}")
-        if obj.get("mode") not in MODES:
+        if not _one_of(obj.get("mode"), MODES):
             raise CommandError(f"field 'mode' must be one of {sorted(MODES)}")
         max_, hw = _int(obj, "max", 1, MAX_ACQUIRE), _int(obj, "hw", 0, 1 << 62)
         if obj.get("session") is None:
@@ -456,7 +456,7 @@ class PeekArgs(WireArgs):
 
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> Self:
-        if obj.get("sub") not in SUB_QUEUES:
+        if not _one_of(obj.get("sub"), SUB_QUEUES):
             raise CommandError(f"field 'sub' must be one of {sorted(SUB_QUEUES)}")
         return cls(obj["sub"], _int(obj, "from", 0, 1 << 62), _int(obj, "max", 1, MAX_ACQUIRE),
                    _int(obj, "hw", 0, 1 << 62),
@@ -655,6 +655,12 @@ def encode_command(cmd: Command[ClientArgs]) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+def _one_of(value: object, choices: Collection[str]) -> TypeGuard[str]:
+    """Whether a field read from the wire is one of ``choices`` (a list or a
+    dict there is not, rather than a TypeError)."""
+    return isinstance(value, str) and value in choices
+
+
 def _int(obj: dict[str, Any], key: str, low: int, high: int) -> int:
     value = obj.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
@@ -686,7 +692,7 @@ def decode_command(raw: bytes | None) -> Command[ClientArgs]:
         if not cmd_id or len(cmd_id) > 100:
             raise CommandError("field 'id' must be a non-empty string of at most 100 characters")
         op = obj.get("op")
-        known = Op(op) if op in _OP_NAMES else None
+        known = Op(op) if _one_of(op, _OP_NAMES) else None
         sender = None if known is None else OP_INFO[known].sender
         if sender is Sender.ENGINE:
             raise CommandError(f"{op!r} is an operation of the engine itself; clients may "
