@@ -35,6 +35,7 @@ from confluent_kafka.admin import AdminClient
 from streams.app import app, headers, settings
 from streams.window import InflightWindow
 from topics import names
+from topics.entities import NAMESPACE_KEY
 
 log = logging.getLogger(__name__)
 TRIM_INTERVAL_S = 5.0
@@ -59,9 +60,10 @@ class LogTrimmer:
         now = time.monotonic()
         # A topic's log is shared by its subscriptions, whose windows may live
         # on other workers: it is not trimmed (see the README's limits).
+        # The namespace's own window ($namespace) has no log.
         current = {(names.entity_log(settings.namespace, w.entity), w.partition): w
                    for w in map(InflightWindow.from_header, stored)
-                   if names.SUBSCRIPTIONS not in w.entity}
+                   if names.SUBSCRIPTIONS not in w.entity and w.entity != NAMESPACE_KEY}
         for gone in set(self._needed) - set(current):  # deleted queues, windows moved away
             del self._needed[gone]
             self._trimmed.pop(gone, None)

@@ -6,6 +6,7 @@ the engine's own operation, which no client can send.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from streams.app import app, entries, headers, settings
@@ -16,6 +17,8 @@ from streams.window import InflightWindow
 from topics import specs
 from topics.names import split_window_key
 from topics.partitions import command_partition
+
+log = logging.getLogger(__name__)
 
 _scanner = LogScanner(settings, definitions)
 on_window_dropped.append(_scanner.release)
@@ -35,9 +38,14 @@ async def scan_queue_logs() -> None:
         busy = False
         for key in scanned:
             raw = headers.get(key)
-            if not raw:
+            if not raw or not InflightWindow.is_scanned(raw):
+                continue  # deleted, or defined again without what needs scanning, since listed
+            try:
+                found = await asyncio.to_thread(_scanner.scan, _window(key, raw))
+            except Exception:  # never let one window's scan stop the engine; the next pass retries
+                log.exception("scanning the log of window %s failed", key.decode())
                 continue
-            for cmd in await asyncio.to_thread(_scanner.scan, _window(key, raw)):
+            for cmd in found:
                 busy = True
                 await run_internal(cmd)
         await asyncio.sleep(0.005 if busy else 0.05)
