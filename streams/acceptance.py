@@ -111,7 +111,6 @@ def accept(window: WindowView, cmd: Command[AcceptArgs], _now: int, events: list
         if error and mark != FILTER_FAILED:
             failed.setdefault(error, []).append(offset)
         if mark in (DUPLICATE, FORWARDED, FILTERED):
-            window.put(offset, Entry(CANCELLED))
             {DUPLICATE: duplicates, FORWARDED: forwarded, FILTERED: filtered}[mark].append(offset)
             continue
         if mark == FILTER_FAILED:
@@ -135,6 +134,7 @@ def accept(window: WindowView, cmd: Command[AcceptArgs], _now: int, events: list
             _join_session(window, offset, item.session)
         if expires:
             expiries.append([offset, expires])
+    window.leave_out(sorted([*duplicates, *forwarded, *filtered]))
     window.expire_later(expiries)
     window.scanned = end
     window.see_log_end(end, events)

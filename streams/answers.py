@@ -36,10 +36,19 @@ class Answers:
                       json.dumps({"at": now, "answer": answer}, separators=(",", ":")).encode())
         self._txn.put(self._by_time + f"{now:013x}".encode() + command_id.encode(), b"")
 
-    def purge(self, now: int) -> None:
-        """Forget a few answers older than :data:`KEEP_MS`."""
+    def purge(self, now: int, oldest: int) -> int | None:
+        """Forget a few answers older than :data:`KEEP_MS`; when the oldest
+        one left may be forgotten (None: none is left). ``oldest``: when the
+        oldest answer kept was given (earlier ones are all gone). The scan
+        starts there, not at the first key: RocksDB would step over the
+        deletions of every answer forgotten since its last compaction."""
+        start = self._by_time + f"{oldest:013x}".encode()
         stop = self._by_time + f"{max(now - KEEP_MS, 0):013x}".encode()
-        expired = list(itertools.islice(self._txn.range(self._by_time, stop), _PURGE_PER_COMMAND))
-        for key, _ in expired:
+        found = list(itertools.islice(self._txn.range(start, self._by_time + b"~"),
+                                      _PURGE_PER_COMMAND + 1))
+        for forgotten, (key, _) in enumerate(found):
+            if key >= stop or forgotten == _PURGE_PER_COMMAND:
+                return int(key[len(self._by_time):len(self._by_time) + 13], 16) + KEEP_MS
             self._txn.delete(key)
             self._txn.delete(self._answers + key[len(self._by_time) + 13:])
+        return None

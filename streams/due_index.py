@@ -73,15 +73,21 @@ class DueIndex:
         mine = [(k, v) for k, v in self._txn.writes.items() if k.startswith(self._prefix)]
         if not mine:
             return previous
-        if any(v is None and self._due_of(k) == previous for k, v in mine):
-            return self.first()
         added = [self._due_of(k) for k, v in mine if v is not None]
+        if previous is not None and any(v is None and self._due_of(k) == previous
+                                        for k, v in mine):
+            # No key was due before ``previous`` but those added here: the
+            # read starts there (RocksDB would otherwise step over every
+            # timer deleted since its last compaction).
+            later = self.first(previous)
+            return min([*added, *([] if later is None else [later])], default=None)
         return min([*added, *([] if previous is None else [previous])], default=None)
 
     def _due_of(self, key: bytes) -> int:
         return int(key[len(self._prefix):len(self._prefix) + _DUE_WIDTH], 16)
 
-    def first(self) -> int | None:
-        """When the earliest timer is due."""
-        found = self._txn.first(self._prefix, self._prefix + b"~")
+    def first(self, at_least: int = 0) -> int | None:
+        """When the earliest timer is due (``at_least``: none is due before)."""
+        found = self._txn.first(self._prefix + f"{at_least:0{_DUE_WIDTH}x}".encode(),
+                                self._prefix + b"~")
         return None if found is None else self._due_of(found[0])

@@ -177,15 +177,25 @@ class Entries:
     # --------------------------------------------------------------- ordered
     def between(self, start: int, stop: int) -> Iterator[tuple[int, Entry]]:
         """Entries at offsets ``start <= offset < stop``, in order. Reads chunk
-        by chunk as it goes: stop early and the rest is never read."""
+        by chunk as it goes: stop early and the rest is never read. Chunks
+        this command has read already come first, without a store scan."""
         self.flush()
-        chunks = self._txn.range(self._chunk_prefix + _hex(start // CHUNK),
+        number = start // CHUNK
+        while number in self._chunks and number * CHUNK < stop:
+            yield from self._in_chunk(self._chunks[number], start, stop)
+            number += 1
+        if number * CHUNK >= stop:
+            return
+        chunks = self._txn.range(self._chunk_prefix + _hex(number),
                                  self._chunk_prefix + _hex((stop + CHUNK - 1) // CHUNK))
         for key, raw in chunks:
             chunk = self._chunk(int(key[len(self._chunk_prefix):], 16), raw)
-            for offset in chunk.offsets():
-                if start <= offset < stop and (entry := self._read(chunk, offset)) is not None:
-                    yield offset, entry
+            yield from self._in_chunk(chunk, start, stop)
+
+    def _in_chunk(self, chunk: _Chunk, start: int, stop: int) -> Iterator[tuple[int, Entry]]:
+        for offset in chunk.offsets():
+            if start <= offset < stop and (entry := self._read(chunk, offset)) is not None:
+                yield offset, entry
 
     def in_family(self, family: str, start: int = 0) -> Iterator[tuple[int, Entry]]:
         """Entries of one sub-queue (see :data:`FAMILIES`) from ``start`` on, in
@@ -199,10 +209,11 @@ class Entries:
                 if offset >= start and entry is not None:
                     yield offset, entry
 
-    def first_offset(self) -> int | None:
-        """The lowest offset that has an entry."""
+    def first_offset(self, at_least: int = 0) -> int | None:
+        """The lowest offset that has an entry; ``at_least``: none is below it."""
         self.flush()
-        found = self._txn.first(self._chunk_prefix, self._chunk_prefix + b"~")
+        found = self._txn.first(self._chunk_prefix + _hex(at_least // CHUNK),
+                                self._chunk_prefix + b"~")
         if found is None:
             return None
         return self._chunk(int(found[0][len(self._chunk_prefix):], 16), found[1]).offsets()[0]

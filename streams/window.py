@@ -38,7 +38,7 @@ from dataclasses import replace
 from typing import Any
 
 from streams import acceptance, scheduling, sessions
-from streams.answers import Answers
+from streams.answers import KEEP_MS, Answers
 from streams.due_index import EXPIRY, LOCK, SCHEDULE, SESSION, DueIndex
 from streams.entries import FAMILIES, Entries, Entry
 from streams.session_index import SessionIndex
@@ -89,6 +89,8 @@ _SETTLED = {"complete": "completed", "abandon": "abandoned", "release": "abandon
             "renewed": "renewed", "scheduled": "scheduled"}
 #: most timer entries one command handles; the rest wait for the next sweep
 MAX_DUE_PER_COMMAND = 5_000
+#: most ranges of left-out offsets the header keeps (see :meth:`InflightWindow.leave_out`)
+MAX_LEFT_OUT_RANGES = 64
 #: states of offsets still to be handed out or settled (they hold ``start``)
 _IN_PLAY = (LOCKED, AVAILABLE, QUEUED)
 _GRANT_STATE = {DEAD_LOCKED: "deadletter", TRANSFER_DEAD_LOCKED: "transferdeadletter",
@@ -126,10 +128,17 @@ class InflightWindow:
         self.counts: dict[str, int] = {}
         #: entries at or after ``next`` (scheduled, cancelled... not yet reached)
         self.ahead = 0
+        #: ``[first, end)`` ranges of offsets at or after ``next`` that are never
+        #: handed out (left out by a subscription's rules, duplicates,
+        #: forwarded), in order: a million in a row cost one range, not an entry each
+        self.left_out: list[list[int]] = []
         self.totals: dict[str, int] = {}
         self.wake: int | None = None
         #: the oldest offset the log must keep (see :meth:`retained_from`)
         self.retained = 0
+        #: when the oldest remembered answer may be forgotten (None: none is
+        #: kept; 0: not known yet, the next command looks)
+        self.answers_due: int | None = 0
         #: keys this window's lock tokens (see topics.commands.lock_token)
         self.secret = os.urandom(16).hex()
         self._own_store = store is None
@@ -153,7 +162,8 @@ class InflightWindow:
     _HEADER_FIELDS = ("start", "next", "hw", "lock_ms", "max_delivery", "dead_letter_expired",
                       "duplicate_window_ms", "default_ttl_ms", "forward_to",
                       "forward_dead_letters_to", "requires_session", "policy_version",
-                      "scanned", "counts", "ahead", "totals", "wake", "retained", "secret")
+                      "scanned", "counts", "ahead", "left_out", "totals", "wake", "retained",
+                      "answers_due", "secret")
 
     def header(self) -> dict[str, Any]:
         return {"entity": self.entity, "partition": self.partition,
@@ -244,7 +254,10 @@ class InflightWindow:
         result = HANDLERS[cmd.op](self, cmd, now, events)
         if remembered:
             self.answers.put(cmd.id, now, self._compact(cmd, result))
-        self.answers.purge(now)
+            if self.answers_due is None:
+                self.answers_due = now + KEEP_MS
+        if self.answers_due is not None and self.answers_due <= now:
+            self.answers_due = self.answers.purge(now, max(self.answers_due - KEEP_MS, 0))
         self._advance_start()
         for ev in events:
             self.totals[ev.type] = self.totals.get(ev.type, 0) + ev.count
@@ -510,11 +523,15 @@ class InflightWindow:
 
     def _take_fresh(self, want: int) -> list[int]:
         """Offsets never handed out, up to the log end; scheduled and cancelled
-        ones are passed over (a cancelled one is then gone for good)."""
+        ones are passed over (a cancelled one is then gone for good), and so
+        are the ranges left out."""
         taken: list[int] = []
-        offset = self.next
         end = self.hw if self.scanned is None else min(self.hw, self.scanned)
-        while offset < end and len(taken) < want:
+        reached = end
+        for offset in self._not_left_out(self.next, end):
+            if len(taken) >= want:
+                reached = offset
+                break
             entry = self.entries.get(offset)
             if entry is None:
                 taken.append(offset)
@@ -522,9 +539,42 @@ class InflightWindow:
                 self.ahead -= 1
                 if entry.state == CANCELLED:
                     self.entries.put(offset, None)
-            offset += 1
-        self.next = max(self.next, offset)
+        self.next = max(self.next, reached)
+        if self.left_out and self.left_out[0][1] <= self.next:
+            self.left_out = [r for r in self.left_out if r[1] > self.next]
         return taken
+
+    def _not_left_out(self, start: int, stop: int) -> Iterator[int]:
+        """The offsets of ``[start, stop)`` outside the left-out ranges, in order."""
+        offset = start
+        for first, end in self.left_out:
+            if end <= offset:
+                continue
+            yield from range(offset, min(first, stop))
+            offset = max(offset, end)
+            if offset >= stop:
+                return
+        yield from range(offset, stop)
+
+    def leave_out(self, offsets: list[int]) -> None:
+        """``offsets`` (in order) are never to be handed out. Those at or after
+        ``next`` become ranges of :attr:`left_out` (at most
+        :data:`MAX_LEFT_OUT_RANGES`; beyond, or where an offset has an entry
+        already, it gets a cancelled entry); those before it are settled."""
+        ranges = [list(r) for r in self.left_out]  # new lists: the header before must not change
+        for offset in offsets:
+            if offset < self.next:  # reached already (sessions): nothing to keep
+                if self.entries.get(offset) is not None:
+                    self.settled(offset)
+            elif self.ahead and self.entries.get(offset) is not None:
+                self.settled(offset)
+            elif ranges and ranges[-1][1] == offset:
+                ranges[-1][1] = offset + 1
+            elif len(ranges) < MAX_LEFT_OUT_RANGES and (not ranges or ranges[-1][1] < offset):
+                ranges.append([offset, offset + 1])
+            else:
+                self.settled(offset)
+        self.left_out = ranges
 
     def _acquire_deferred(self, cmd: Command[AcquireDeferredArgs], now: int,
                           events: list[Event]) -> dict[str, Any]:
@@ -677,7 +727,7 @@ class InflightWindow:
 
     def _active(self, first: int) -> Iterator[tuple[int, list[Any]]]:
         """Active messages (locked or not) from ``max(first, start)`` to the log end."""
-        for offset in range(max(first, self.start), self.hw):
+        for offset in self._not_left_out(max(first, self.start), self.hw):
             entry = self.entries.get(offset)
             if entry is None and offset >= self.next:
                 yield offset, [offset, "active", 0, None, None, None]
@@ -693,14 +743,18 @@ class InflightWindow:
     def retained_from(self) -> int:
         """The oldest offset the log must keep: everything below it is settled
         for good, so the log's start may advance to it (DeleteRecords)."""
-        first = self.entries.first_offset()
+        # No entry is ever made below the last value (entries are made at or
+        # after ``next``), so the scan starts there: RocksDB would otherwise
+        # step over the deletion of every chunk settled since its last compaction.
+        first = self.entries.first_offset(self.retained)
         return self.start if first is None else min(self.start, first)
 
     # ------------------------------------------------------------------- stats
     def stats(self) -> dict[str, int | None]:
         """Counts for runtime properties; ``active`` includes locked messages."""
         count = self.entries.count
-        unseen = max(0, self.hw - self.next - self.ahead)
+        unseen = max(0, self.hw - self.next - self.ahead
+                     - sum(end - first for first, end in self.left_out))
         return {
             "active": count(AVAILABLE, LOCKED, QUEUED) + unseen,
             "locked": count(LOCKED),

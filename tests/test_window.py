@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 
+from streams.acceptance import FILTERED, AcceptArgs, Item
+from streams.answers import KEEP_MS
 from streams.states import MAX_DELIVERY_REASON
-from streams.window import InflightWindow
+from streams.window import MAX_LEFT_OUT_RANGES, InflightWindow
 from tests.wire_commands import wire_command
 from topics.commands import ClientArgs, Command, ExpireArgs, Policy
 
@@ -272,3 +274,78 @@ def test_settled_locks_leave_the_timer_nothing_to_do() -> None:
     assert win.wake_at() == 1020  # only the renewed lock
     settle(win, 40, grants[2:3], "complete")
     assert win.wake_at() is None
+
+
+def scanned_window() -> InflightWindow:
+    """A window the log scanner accepts offsets for (duplicate detection on)."""
+    win = InflightWindow("q", 0)
+    win.apply(cmd("stats", hw=0, version=-1), 0,
+              policy=(0, Policy(lock_ms=1000, max_delivery=3, duplicate_window_ms=60_000)))
+    return win
+
+
+def accept_all(win: InflightWindow, end: int, plain: set[int], per_command: int = 5000) -> None:
+    """Accept ``[0, end)``: the offsets of ``plain`` are messages, the rest
+    left out by the subscription's rules (in commands as the scanner sends them)."""
+    for first in range(0, end, per_command):
+        stop = min(first + per_command, end)
+        items = tuple(Item(o, mark=FILTERED) for o in range(first, stop) if o not in plain)
+        assert win.apply(Command(f"a{first}", "q", 0, AcceptArgs(first, stop, items)),
+                         0).result["accepted"]
+
+
+def test_a_million_offsets_left_out_by_the_rules_keep_no_key_each() -> None:
+    win = scanned_window()
+    plain = set(range(50_000, 1_000_000, 100_000))  # ten messages among a million left out
+    accept_all(win, 1_000_010, plain)
+    assert len(list(win.store.range(b"", b"\xff"))) <= 100  # not one per offset left out
+    assert win.stats()["active"] == len(plain)
+    assert [m[0] for m in win.apply(cmd("peek", sub="active", max=20, hw=0, **{"from": 0}),
+                                    0).result["messages"]] == sorted(plain)
+    assert [g[0] for g in acquire(win, 0, n=20)] == sorted(plain)
+    assert win.stats()["active"] == len(plain) and win.left_out == []
+
+
+def test_offsets_left_out_one_by_one_past_the_ranges_kept_are_never_handed_out() -> None:
+    win = scanned_window()
+    plain = set(range(0, 1000, 2))  # every other message left out: 500 ranges of one
+    accept_all(win, 1000, plain, per_command=100)
+    assert len(win.left_out) <= MAX_LEFT_OUT_RANGES
+    assert win.stats()["active"] == len(plain)
+    got = [g[0] for g in acquire(win, 0, n=300)] + [g[0] for g in acquire(win, 0, n=300)]
+    assert got == sorted(plain)
+    assert win.stats()["active"] == len(plain)
+
+
+def test_answers_are_forgotten_a_few_per_command_once_kept_long_enough() -> None:
+    win = new_window()
+    grants = acquire(win, 0, n=40, hw=40)  # its answer is remembered, from time 0
+    for g in grants[:20]:  # and twenty more
+        settle(win, 0, [g], "complete")
+    last = [[grants[39][0], grants[39][1], "complete", None, None, None, None]]
+    first = win.apply(cmd("settle", "at-one", items=last), 1).result  # one at 1 ms
+    keys_then = len(list(win.store.range(b"", b"\xff")))
+    later = KEEP_MS + 1  # those of time 0 may now go, 16 per command at most
+    settle(win, later, [grants[20]], "complete")
+    assert win.answers_due == KEEP_MS  # five of time 0 are left
+    settle(win, later, [grants[21]], "complete")
+    assert win.answers_due == KEEP_MS + 1  # the one given at 1 ms is the oldest left
+    assert len(list(win.store.range(b"", b"\xff"))) < keys_then
+    again = win.apply(cmd("settle", "at-one", items=last), later)
+    assert not again.changed and again.result == first  # still remembered
+    win.apply(cmd("stats", hw=40), KEEP_MS + 2)
+    assert win.answers.get("at-one") is None and win.answers_due == later + KEEP_MS
+
+
+def test_the_log_is_retained_from_the_oldest_message_still_held() -> None:
+    win = new_window()
+    grants = acquire(win, 0, n=300, hw=300)
+    settle(win, 0, grants[:5], "complete")
+    settle(win, 0, [grants[5]], "defer")  # parked at offset 5
+    settle(win, 0, grants[6:290], "complete")
+    assert (win.start, win.retained) == (290, 5)
+    got = win.apply(cmd("acquire_deferred", offsets=[5]), 0).result["grants"]
+    settle(win, 0, got, "complete")
+    assert win.retained == 290
+    settle(win, 0, grants[290:], "complete")
+    assert win.retained == win.start == 300
