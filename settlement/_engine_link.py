@@ -18,6 +18,7 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -221,6 +222,30 @@ class EngineLink:
             f"on {left.window_key} within {deadline - started:.3g} s: check that an engine "
             "worker is running ('settlement worker')")
 
+    def append(self, cmd: Command[ClientArgs], timeout: float | None = None) -> None:
+        """Send ``cmd`` and return once Kafka appended it, without waiting for
+        the engine's answer: for a command whose answer changes nothing for
+        its caller (a session's release). The engine applies it in its turn,
+        after every command appended to the partition before it."""
+        appended: Future[None] = Future()
+
+        def delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is None:
+                appended.set_result(None)
+            else:
+                appended.set_exception(ServiceBusCommunicationError(
+                    f"could not send a command to the engine: {err.str()}"))
+
+        wait = self.attempt_timeout if timeout is None else timeout
+        self._produce(cmd, delivered)
+        self._producer.flush(wait)
+        try:
+            appended.result(0)
+        except FutureTimeout:
+            raise OperationTimeoutError(
+                f"Kafka did not take {cmd.op} on {cmd.window_key} within {wait:.3g} s: "
+                f"check that the brokers at {self.settings.bootstrap_servers} are up") from None
+
     def _wait_while_busy(self, entities: set[str]) -> None:
         """Sleep until none of ``entities`` is within its busy wait."""
         with self._lock:
@@ -246,17 +271,22 @@ class EngineLink:
         fut: Future[Reply] = Future()
         with self._lock:
             self._waiting[cmd.id] = fut
-        try:
-            self._producer.produce(
-                self._commands_topic, encode_command(cmd), key=cmd.window_key.encode(),
-                partition=command_partition(cmd.window_key, self._engine_partitions),
-                on_delivery=lambda err, msg: self._delivered(cmd.id, err, msg, appended),
-            )
-        except BufferError:
-            self._producer.poll(0.1)
-            return self._send(cmd, appended=appended)
-        self._producer.poll(0)
+        self._produce(cmd, lambda err, msg: self._delivered(cmd.id, err, msg, appended))
         return fut
+
+    def _produce(self, cmd: Command[ClientArgs],
+                 delivered: Callable[[KafkaError | None, Message], None]) -> None:
+        """Hand ``cmd`` to the producer, waiting while its queue is full."""
+        while True:
+            try:
+                self._producer.produce(
+                    self._commands_topic, encode_command(cmd), key=cmd.window_key.encode(),
+                    partition=command_partition(cmd.window_key, self._engine_partitions),
+                    on_delivery=delivered)
+                break
+            except BufferError:
+                self._producer.poll(0.1)
+        self._producer.poll(0)
 
     def _delivered(self, cmd_id: str, err: KafkaError | None, msg: Message,
                    appended: bool) -> None:

@@ -63,6 +63,7 @@ class EntityRegistry:
         self._read_so_far: dict[str, Definition] = {}
         self._position = 0
         self._load_lock = threading.Lock()
+        self._consumer: Consumer | None = None
 
     def load_all(self) -> dict[str, Definition]:
         """Every definition by key; none in a namespace never provisioned."""
@@ -71,17 +72,25 @@ class EntityRegistry:
 
     def _refresh(self) -> None:
         with self._load_lock:
-            consumer = Consumer(self._settings.consumer_config(
-                f"entities-{uuid.uuid4().hex[:12]}"))
-            try:
-                end = self._log_end(consumer)
-                if end < self._position:  # the topic was made again: read it anew
-                    self._read_so_far, self._position = {}, 0
-                if end > self._position:
-                    self._read(consumer, end)
-            finally:
-                consumer.close()
+            # One consumer for the registry's life: a new one per read costs
+            # a connection and a metadata round trip (10-55 ms), which every
+            # new receiver (a session receiver per session) would pay.
+            if self._consumer is None:
+                self._consumer = Consumer(self._settings.consumer_config(
+                    f"entities-{uuid.uuid4().hex[:12]}"))
+            end = self._log_end(self._consumer)
+            if end < self._position:  # the topic was made again: read it anew
+                self._read_so_far, self._position = {}, 0
+            if end > self._position:
+                self._read(self._consumer, end)
             self._cache, self._loaded_at = dict(self._read_so_far), time.monotonic()
+
+    def close(self) -> None:
+        """Close the registry's consumer (it opens again if used again)."""
+        with self._load_lock:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None
 
     def load(self) -> dict[str, QueueProperties]:
         """Every queue's definition."""
@@ -147,6 +156,15 @@ class EntityRegistry:
         """Read on from ``self._position`` to ``end`` into ``self._read_so_far``."""
         found = self._read_so_far
         consumer.assign([TopicPartition(self._topic, 0, self._position)])
+        try:
+            self._read_to(consumer, end, found)
+        finally:
+            # Left assigned at the log end, the consumer keeps a fetch parked
+            # at the broker for new records (fetch.wait.max.ms), and the next
+            # read would wait for it to come back.
+            consumer.unassign()
+
+    def _read_to(self, consumer: Consumer, end: int, found: dict[str, Definition]) -> None:
         deadline = time.monotonic() + 30
         while self._position < end:
             if time.monotonic() > deadline:

@@ -13,8 +13,10 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import enum
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from settlement._engine_link import EngineLink, check_reply
@@ -28,6 +30,7 @@ from settlement.exceptions import (
 from topics.commands import (
     MAX_SESSION_STATE,
     ClientArgs,
+    Grant,
     LockSessionArgs,
     ReleaseSessionArgs,
     RenewSessionArgs,
@@ -36,7 +39,7 @@ from topics.commands import (
 )
 from topics.errors import ErrorCode
 from topics.partitions import session_partition
-from topics.times import utc_from_ms
+from topics.times import epoch_ms, utc_from_ms
 
 #: how long a NEXT_AVAILABLE_SESSION receiver without max_wait_time waits for a session
 DEFAULT_SESSION_WAIT_S = 60.0
@@ -70,6 +73,9 @@ class ServiceBusSession:
         self._until: dt.datetime | None = None
         self._lost = False
         self._released = False
+        #: settlements being sent, which the session's release waits for
+        self._settling = 0
+        self._settling_changed = threading.Condition()
         #: set by AutoLockRenewer when renewing this session failed
         self.auto_renew_error: Exception | None = None
 
@@ -117,21 +123,23 @@ class ServiceBusSession:
         return until
 
     # ------------------------------------------------------------- internals
-    def open(self) -> None:
+    def open(self, first: int = 0) -> list[Grant]:
         """Lock the session, unless this receiver holds it already (or held
-        it: a lost session is not taken again, as in the SDK)."""
+        it: a lost session is not taken again, as in the SDK). ``first``:
+        lock up to that many of its first messages with it, and return their
+        grants (none when the session was locked before)."""
         if self._token is not None:
-            return
+            return []
         if self._session_id is not None:
-            self._lock(self.partition, self._session_id)
-            return
+            return self._lock(self.partition, self._session_id, first) or []
         wait = DEFAULT_SESSION_WAIT_S if self._max_wait_time is None else self._max_wait_time
         deadline = time.monotonic() + wait
         pause = 0.01
         while True:
             for partition in range(self._partitions):
-                if self._lock(partition, None):
-                    return
+                grants = self._lock(partition, None, first)
+                if grants is not None:
+                    return grants
             if time.monotonic() >= deadline:
                 raise OperationTimeoutError(
                     f"no session of {self._entity} became available within {wait:g} s "
@@ -139,13 +147,15 @@ class ServiceBusSession:
             time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
             pause = min(pause * 2, 0.25)
 
-    def _lock(self, partition: int, session_id: str | None) -> bool:
+    def _lock(self, partition: int, session_id: str | None, first: int) -> list[Grant] | None:
+        """The grants of the session's first messages once locked; None
+        when no session was free."""
         reply = self._link.call(self._link.command(self._entity, partition,
-                                                   LockSessionArgs(session_id)))
+                                                   LockSessionArgs(session_id, first)))
         check_reply(reply, self._entity)
         result = reply.result
         if result["session"] is None:
-            return False
+            return None
         if result.get("taken"):
             taken_until = utc_from_ms(result["until"])
             assert taken_until is not None, "the engine says until when a taken session is locked"
@@ -155,7 +165,7 @@ class ServiceBusSession:
                 "when it closes, or receive NEXT_AVAILABLE_SESSION")
         self._session_id, self._token = result["session"], result["token"]
         self._until = utc_from_ms(result["until"])
-        return True
+        return reply.grants if "grants" in result else []
 
     def lost(self) -> SessionLockLostError:
         """The error for an operation under a lock that is gone; the session
@@ -165,6 +175,28 @@ class ServiceBusSession:
             f"the lock on session {self._session_id!r} of {self._entity} was lost (it lapsed "
             "or was released), and the locks of its received messages with it: open a new "
             "session receiver, and renew the session lock sooner (AutoLockRenewer)")
+
+    @property
+    def lost_or_released(self) -> bool:
+        return self._lost or self._released
+
+    @contextmanager
+    def settlement(self) -> Iterator[int | None]:
+        """Around sending a settlement of the session's messages: gives when
+        the session's lock ends (ms since the epoch, in the log's time), for
+        a settlement that may be final once appended, or None when this
+        receiver no longer holds it. The session is not released meanwhile,
+        so its release comes after the settlement in the log
+        (docs/settlement-by-log.md)."""
+        with self._settling_changed:
+            end = None if self.lost_or_released or self._until is None else epoch_ms(self._until)
+            self._settling += 1
+        try:
+            yield end
+        finally:
+            with self._settling_changed:
+                self._settling -= 1
+                self._settling_changed.notify_all()
 
     def held(self) -> tuple[str, str]:
         """What identifies the held session in a command: its id and lock token."""
@@ -189,11 +221,16 @@ class ServiceBusSession:
 
     def release(self) -> None:
         """Give the session up (the receiver closes): its unsettled messages
-        are abandoned, and the next receiver may lock it at once."""
-        if self._token is None or self._lost or self._released:
-            return
-        try:
-            self._call(ReleaseSessionArgs)
-        except SessionLockLostError:
-            pass  # lapsed already: the engine released it
-        self._released = True
+        are abandoned, and the next receiver may lock it at once. Returns once
+        Kafka has the release, not waiting for the engine: its answer changes
+        nothing here (a session that lapsed meanwhile is released already),
+        and the engine applies it before any later command of the session's
+        partition, another receiver's lock included."""
+        with self._settling_changed:
+            if self._token is None or self.lost_or_released:
+                return
+            self._settling_changed.wait_for(lambda: not self._settling)
+            held = self.held()
+            self._released = True
+        self._link.append(self._link.command(self._entity, self.partition,
+                                             ReleaseSessionArgs(*held)))

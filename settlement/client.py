@@ -11,6 +11,7 @@ from typing import Any
 from settlement._engine_link import EngineLink
 from settlement._entities import EntityRegistry
 from settlement._keywords import refuse
+from settlement._log_reader import ReaderPool
 from settlement._quota import QuotaGuard
 from settlement._retry import RetryPolicy
 from settlement._session import ServiceBusSessionFilter
@@ -112,6 +113,8 @@ class ServiceBusClient:
         self.settings = settings
         self.retry = retry
         self._registry = EntityRegistry(settings)
+        #: log readers shared by the client's receivers (see settlement._log_reader)
+        self._readers = ReaderPool(settings)
         self._link: EngineLink | None = None
         self._batcher: SettleBatcher | None = None
         self._handlers: list[ServiceBusSender | ServiceBusReceiver] = []
@@ -229,13 +232,17 @@ class ServiceBusClient:
                 "the sub queue of a sessionful entity, set sub_queue only: sub queues do not "
                 "support sessions")
         receiver = ServiceBusReceiver(
-            self.settings, self._engine(), self._settle_batcher(), props,
+            self.settings, self._engine(), self._settle_batcher(), self._readers, props,
             sub_queue=ServiceBusSubQueue(options.sub_queue) if options.sub_queue else None,
             receive_mode=ServiceBusReceiveMode(options.receive_mode),
             max_wait_time=options.max_wait_time, prefetch_count=options.prefetch_count,
             rules=rules, session_id=options.session_id,
             auto_lock_renewer=options.auto_lock_renewer,
             client_identifier=options.client_identifier)
+        # Closed receivers go: a client opening a session receiver per
+        # session would otherwise keep every one it ever opened.
+        self._handlers = [h for h in self._handlers
+                          if not (isinstance(h, ServiceBusReceiver) and h._closed)]
         self._handlers.append(receiver)
         return receiver
 
@@ -262,6 +269,8 @@ class ServiceBusClient:
         for handler in self._handlers:
             handler.close()
         self._handlers.clear()
+        self._registry.close()
+        self._readers.close()
         if self._link is not None:
             self._link.close()
             self._link = None

@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,7 +25,7 @@ from settlement import _read_ahead as read_ahead
 from settlement import message_records
 from settlement._engine_link import EngineLink, check_reply
 from settlement._keywords import check_timeout, refuse
-from settlement._log_reader import PartitionReader
+from settlement._log_reader import PartitionReader, ReaderPool
 from settlement._session import ServiceBusSession, ServiceBusSessionFilter
 from settlement._settle_batcher import SettleBatcher
 from settlement._subscription_rules import SubscriptionRules
@@ -106,7 +107,7 @@ class ServiceBusReceiver:
     """Receives from a queue or its dead-letter sub-queue."""
 
     def __init__(self, settings: ConnectionSettings, link: EngineLink, batcher: SettleBatcher,
-                 props: QueueProperties | SubscriptionProperties, *,
+                 readers: ReaderPool, props: QueueProperties | SubscriptionProperties, *,
                  sub_queue: ServiceBusSubQueue | None = None,
                  receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
                  max_wait_time: float | None = None, prefetch_count: int = 0,
@@ -129,11 +130,13 @@ class ServiceBusReceiver:
         self._prefetch = max(prefetch_count, 1)
         self._rules = rules
         self._topic = names.entity_log(settings.namespace, props.path)
-        self._readers: dict[int, PartitionReader] = {}
+        self._readers = readers  # the client's, shared by its receivers
         self._turn = itertools.cycle(range(props.partition_count))
         self._peek_from = (0, 0)
         self._closed = False
         self._session = self._session_for(link, props, session_id, sub_queue, max_wait_time)
+        #: a session's messages locked with it and not handed out yet, in order
+        self._unseen: list[ServiceBusReceivedMessage] = []
         if (auto_lock_renewer is not None and self._session is None
                 and self.receive_mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE):
             raise ValueError(  # the SDK's words
@@ -181,7 +184,12 @@ class ServiceBusReceiver:
         if self._session is None or self._closed:
             return
         locked = self._session.locked_until_utc is not None
-        self._session.open()
+        # Peek-lock: the session's first messages come with its lock (one
+        # round trip instead of two); handed out by the receives that follow.
+        first = _LOOP_PREFETCH if self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK else 0
+        grants = self._session.open(first)
+        if grants:
+            self._unseen = self._materialize(self._session.partition, grants)
         if not locked and self._auto_lock_renewer is not None:
             self._auto_lock_renewer.register(self, self._session)
 
@@ -257,6 +265,9 @@ class ServiceBusReceiver:
     def _receive_session(self, want: int) -> list[ServiceBusReceivedMessage]:
         """The held session's next messages, in order, from its partition."""
         assert self._session is not None
+        if self._unseen:
+            got, self._unseen = self._unseen[:want], self._unseen[want:]
+            return got
         partition = self._session.partition
         # hw 0: the engine learns a session entity's log end from its scanner,
         # so the receiver need not wait for a fetch before asking.
@@ -485,6 +496,8 @@ class ServiceBusReceiver:
         self._check_open()
         for message in messages:
             self._check_settleable(message, action)
+        if action in ("abandon", "release"):
+            self._return_unseen()  # what goes back now comes before them again
         by_partition: dict[int, list[ServiceBusReceivedMessage]] = {}
         for message in messages:
             by_partition.setdefault(message.partition, []).append(message)
@@ -493,38 +506,48 @@ class ServiceBusReceiver:
         # ones travel in smaller commands, so that none is too large to store.
         per_command = max(1, _TEXT_PER_COMMAND // (len(reason or "") + len(description or "")
                                                    + 100))
-        for partition, messages_of_partition in sorted(by_partition.items()):
-            for first in range(0, len(messages_of_partition), per_command):
-                group = messages_of_partition[first:first + per_command]
-                items = [_settle_item(m, action, reason, description) for m in group]
-                final = self._spend_locks(group, action)
-                reply = (self._batcher.settle(self._entity, partition, items, final)
-                         if deadline is None else self._link.call(
-                             self._link.command(self._entity, partition, SettleArgs(tuple(items))),
-                             final_before_ms=final, timeout=_left(deadline, 0.0)))
-                check_reply(reply, self.entity_path)
-                for message, (status, until) in zip(group, reply.statuses, strict=True):
-                    results[id(message)] = SettlementResult(
-                        message, self._apply_answer(message, action, status, until))
+        with self._settlement() as session_end:
+            for partition, messages_of_partition in sorted(by_partition.items()):
+                for first in range(0, len(messages_of_partition), per_command):
+                    group = messages_of_partition[first:first + per_command]
+                    items = [_settle_item(m, action, reason, description) for m in group]
+                    final = self._spend_locks(group, action, session_end)
+                    reply = (self._batcher.settle(self._entity, partition, items, final)
+                             if deadline is None else self._link.call(
+                                 self._link.command(self._entity, partition,
+                                                    SettleArgs(tuple(items))),
+                                 final_before_ms=final, timeout=_left(deadline, 0.0)))
+                    check_reply(reply, self.entity_path)
+                    for message, (status, until) in zip(group, reply.statuses, strict=True):
+                        results[id(message)] = SettlementResult(
+                            message, self._apply_answer(message, action, status, until))
         return [results[id(m)] for m in messages]
 
-    def _spend_locks(self, messages: list[ServiceBusReceivedMessage], action: str
-                     ) -> int | None:
+    def _settlement(self) -> AbstractContextManager[int | None]:
+        """Around sending settlements: for a session receiver, its
+        :meth:`ServiceBusSession.settlement` (the lock's end, and no release
+        meanwhile); None otherwise."""
+        return nullcontext(None) if self._session is None else self._session.settlement()
+
+    def _spend_locks(self, messages: list[ServiceBusReceivedMessage], action: str,
+                     session_end: int | None) -> int | None:
         """When the earliest lock of ``messages`` ends (ms), if settling them
         with ``action`` is final once Kafka appended it before then; None if
         it needs the engine's answer: a renewal (its answer is the new lock's
         end), a dead-lettering, the dead-letter sub-queue (deferring a dead
-        letter is refused), a session (its lock is the session's), or a lock
-        that is not as granted, or was settled before (the engine says if
-        it still holds). The locks count as spent from here on."""
+        letter is refused), or a lock that is not as granted, or was settled
+        before (the engine says if it still holds). In a session the locks
+        are the session's: they end when it does (``session_end``, None once
+        it is lost or released). The locks count as spent from here on."""
         fresh = all(m.lock_token is not None and m.lock_token == m._granted_token
                     and not m._lock_spent for m in messages)
         if action != "renew":
             for message in messages:
                 message._lock_spent = True
-        if (not fresh or action not in _FINAL_ONCE_APPENDED or self._sub != "active"
-                or self._session is not None):
+        if not fresh or action not in _FINAL_ONCE_APPENDED or self._sub != "active":
             return None
+        if self._session is not None:
+            return session_end
         ends = [m.locked_until_utc for m in messages]
         if any(end is None for end in ends):
             return None
@@ -581,25 +604,30 @@ class ServiceBusReceiver:
         return self._link.call_many([cmd], timeout=_left(deadline, 0.0))[0]
 
     def _reader(self, partition: int) -> PartitionReader:
-        if partition not in self._readers:
-            self._readers[partition] = PartitionReader(self._settings, self._topic, partition)
-        return self._readers[partition]
+        return self._readers.reader(self._topic, partition)
 
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError("the receiver is closed: create a new one from the client")
 
+    def _return_unseen(self) -> None:
+        """Give back the session's messages locked with it and not handed
+        out, counting no delivery: before an abandon (what goes back must be
+        handed out before them) and when the receiver closes. Sent without
+        waiting for the engine's answer: it applies them before any later
+        command of the session."""
+        unseen, self._unseen = self._unseen, []
+        if unseen and self._session is not None and not self._session.lost_or_released:
+            self._link.append(self._link.command(self._entity, self._session.partition, SettleArgs(
+                tuple(SettleItem(m.offset, m.lock_token, Action.RELEASE) for m in unseen))))
+
     def close(self) -> None:
         if self._read_ahead is not None and not self._closed:
             self._read_ahead.close()
         if self._session is not None and not self._closed:
+            self._return_unseen()
             self._session.release()
         self._closed = True
-        # A snapshot: the client may close this receiver while a thread of
-        # the application is still in one of its calls.
-        readers, self._readers = list(self._readers.values()), {}
-        for reader in readers:
-            reader.close()
 
     def __enter__(self) -> ServiceBusReceiver:
         self._open()

@@ -122,7 +122,9 @@ def held(window: WindowView, session_id: str, given: str, now: int) -> Session |
 def lock(window: WindowView, cmd: Command[LockSessionArgs], now: int, events: list[Event]
          ) -> dict[str, Any]:
     """Lock the named session, or the next available one: ``{"session": None}``
-    when none is free; ``locked_until`` of the holder when it is taken."""
+    when none is free; ``locked_until`` of the holder when it is taken. With
+    ``first``, the session's first messages are locked and granted with it,
+    as an acquire answers (``grants``)."""
     session_id = cmd.args.session or window.sessions.next_ready()
     if session_id is None:
         return {"session": None}
@@ -134,7 +136,12 @@ def lock(window: WindowView, cmd: Command[LockSessionArgs], now: int, events: li
     batch, until = batch_id(cmd.id), now + window.lock_ms
     window.sessions.lock(session, batch, until)
     window.due.add(until, SESSION, window.sessions.ident(session_id), [session_id])
-    return {"session": session_id, "until": until, "token": token(window, batch)}
+    held_by = token(window, batch)
+    locked = {"session": session_id, "until": until, "token": held_by}
+    if not cmd.args.first:
+        return locked
+    first = AcquireArgs("active", "peek_lock", cmd.args.first, 0, session_id, held_by)
+    return acquire(window, first, events) | locked
 
 
 def acquire(window: WindowView, args: AcquireArgs, events: list[Event]) -> dict[str, Any]:

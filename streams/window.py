@@ -87,6 +87,8 @@ from topics.commands import (
 _SETTLED = {"complete": "completed", "abandon": "abandoned", "release": "abandoned",
             "defer": "deferred",
             "renewed": "renewed", "scheduled": "scheduled"}
+#: what an acquire's answer holds (the rest of an answer with grants is kept whole)
+_ACQUIRE_KEYS = frozenset({"grants", "next", "batch"})
 #: most timer entries one command handles; the rest wait for the next sweep
 MAX_DUE_PER_COMMAND = 5_000
 #: most ranges of left-out offsets the header keeps (see :meth:`InflightWindow.leave_out`)
@@ -325,10 +327,14 @@ class InflightWindow:
         """What is needed to answer the command again, compactly."""
         if "grants" in result:  # acquires are rebuilt from the entries they locked
             grants = [Grant.from_wire(g) for g in result["grants"]]
-            return {"locked": [g.offset for g in grants if g.lock_token is not None],
-                    "deleted": [[g.offset, g.deliveries] for g in grants
-                                if g.lock_token is None],
-                    "batch": result.get("batch", batch_id(cmd.id))}
+            compact = {"locked": [g.offset for g in grants if g.lock_token is not None],
+                       "deleted": [[g.offset, g.deliveries] for g in grants
+                                   if g.lock_token is None],
+                       "batch": result.get("batch", batch_id(cmd.id))}
+            besides = {k: v for k, v in result.items() if k not in _ACQUIRE_KEYS}
+            if besides:  # a session's lock that granted its first messages
+                compact["with"] = besides
+            return compact
         if "results" not in result:  # session operations: small answers, kept whole
             return {"whole": result}
         answers = result["results"]  # settlements: only the answers that are not "ok"
@@ -352,7 +358,8 @@ class InflightWindow:
                     entry.state == LOCKED or entry.state in PARKED_LOCKED):
                 grants.append(self.grant(offset, entry))
         grants += [Grant(o, None, 0, dc) for o, dc in stored["deleted"]]
-        return acquire_result(grants, self.next)
+        besides: dict[str, Any] = stored.get("with", {})
+        return acquire_result(grants, self.next) | besides
 
     # ------------------------------------------------------------------ store
     def put(self, offset: int, entry: Entry | None) -> None:

@@ -76,6 +76,29 @@ def test_order_within_a_session_holds_under_abandon_and_lock_lapse(
         assert bodies(other.receive_messages(10)) == ["b-0", "b-1", "b-2"]
 
 
+def test_messages_locked_with_their_session_and_never_handed_out_count_no_delivery(
+        client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+    """A session's first messages come locked with it; those the application
+    never got go back uncounted when the receiver closes, or before an
+    abandoned one (which is handed out first again)."""
+    queue = make_queue(requires_session=True, lock_duration=10)
+    send(client, queue, {"a": 6})
+    with client.get_queue_receiver(queue, session_id="a", max_wait_time=WAIT_S) as first:
+        (a0,) = first.receive_messages(1)
+        (a1,) = first.receive_messages(1)
+        assert bodies([a0, a1]) == ["a-0", "a-1"]
+        first.complete_message(a0)
+        first.abandon_message(a1)
+        again = first.receive_messages(2)
+        assert [(str(m), m.delivery_count) for m in again] == [("a-1", 1), ("a-2", 0)]
+        first.complete_messages(again)
+    with client.get_queue_receiver(queue, session_id="a", max_wait_time=WAIT_S) as second:
+        rest = second.receive_messages(10)
+        assert [(str(m), m.delivery_count) for m in rest] == [
+            ("a-3", 0), ("a-4", 0), ("a-5", 0)]
+        second.complete_messages(rest)
+
+
 def test_a_locked_session_cannot_be_locked_again_and_next_available_skips_it(
         client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
     queue = make_queue(requires_session=True, lock_duration=10)

@@ -190,3 +190,38 @@ def test_two_receivers_never_both_settle_one_message(
     first.close()
     assert succeeded == {f"m{i}": 1 for i in range(total)}
     _settled_for_good(admin, "work")
+
+
+def test_a_session_settlement_appended_within_the_session_lock_is_final_while_the_engine_is_down(
+        own_engine: tuple[EngineProcess, ServiceBusAdministrationClient, ServiceBusClient]
+        ) -> None:
+    """In a session the message locks are the session's: a settlement Kafka
+    appended before the session lock's end is final, and closing the
+    receiver (which releases the session) does not wait for the engine
+    either; the engine applies both in their order when it is back."""
+    engine, admin, client = own_engine
+    admin.create_queue("work", requires_session=True, lock_duration=5)
+    with client.get_queue_sender("work") as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}", message_id=f"m{i}", session_id="s")
+                              for i in range(3)])
+    receiver = client.get_queue_receiver("work", session_id="s", max_wait_time=10)
+    messages = receiver.receive_messages(3, max_wait_time=10)
+    assert [m.message_id for m in messages] == ["m0", "m1", "m2"]
+    engine.kill()
+    started = time.monotonic()
+    receiver.complete_message(messages[0])
+    receiver.abandon_message(messages[1])
+    receiver.defer_message(messages[2])
+    receiver.close()
+    assert time.monotonic() - started < 3.0
+    time.sleep(max(0.0, 6.0 - (time.monotonic() - started)))  # past the session lock's end
+    engine.start()
+    with client.get_queue_receiver("work", session_id="s", max_wait_time=10) as second:
+        again = second.receive_messages(5, max_wait_time=5)
+        # released before its lock's end: m1 counts its abandon, not a lapse
+        assert [(m.message_id, m.delivery_count) for m in again] == [("m1", 1)]
+        second.complete_message(again[0])
+        (deferred,) = second.receive_deferred_messages([messages[2].sequence_number])
+        assert deferred.message_id == "m2"
+        second.complete_message(deferred)
+    _settled_for_good(admin, "work")

@@ -488,13 +488,17 @@ class LockSessionArgs(WireArgs):
     OP = Op.LOCK_SESSION
     #: None: the next available session
     session: str | None = None
+    #: the session's first messages to lock with it (peek-lock), up to this
+    #: many: its receiver gets them without another round trip
+    first: int = 0
 
     def to_wire(self) -> dict[str, Any]:
-        return {"session": self.session}
+        return {"session": self.session, "first": self.first}
 
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> Self:
-        return cls(None if obj.get("session") is None else _session_id(obj))
+        first = _int(obj, "first", 0, MAX_ACQUIRE) if "first" in obj else 0
+        return cls(None if obj.get("session") is None else _session_id(obj), first)
 
 
 @dataclass(frozen=True)

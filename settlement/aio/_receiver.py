@@ -127,7 +127,10 @@ class ServiceBusReceiver:
         await self._settles.settle(self._sync or await self._receiver(), message, "complete")
 
     async def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
-        await self._settles.settle(self._sync or await self._receiver(), message, "abandon")
+        receiver = self._sync or await self._receiver()
+        if receiver._unseen:  # a session's messages locked with it go back before it
+            await self._offload.run(receiver._return_unseen)
+        await self._settles.settle(receiver, message, "abandon")
 
     async def defer_message(self, message: ServiceBusReceivedMessage) -> None:
         await self._settles.settle(self._sync or await self._receiver(), message, "defer")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from settlement._engine_link import check_reply
@@ -94,30 +95,37 @@ class SettleGroups:
         return queued[:size]
 
     async def _send(self, window: tuple[str, int], group: list[_Settle]) -> None:
-        final = earliest([s.receiver._spend_locks([s.message], s.action) for s in group])
-        try:
-            reply = await self._offload.run(lambda: self._batcher().settle(
-                window[0], window[1], [s.item for s in group], final))
-            self.commands_sent += 1
-            check_reply(reply, group[0].receiver.entity_path)
-            answers = reply.statuses
-        except asyncio.CancelledError:  # the loop is closing: every waiter must hear
-            for settle in group:
-                settle.answer.cancel()
-            raise
-        except Exception as exc:
-            for settle in group:
-                if not settle.answer.done():
-                    settle.answer.set_exception(exc)
-            return
-        for settle, (status, until) in zip(group, answers, strict=True):
-            error = settle.receiver._apply_answer(settle.message, settle.action, status, until)
-            if settle.answer.done():
-                continue  # its caller was cancelled; the settlement stands
-            if error is None:
-                settle.answer.set_result(None)
-            else:
-                settle.answer.set_exception(error)
+        with ExitStack() as sending:
+            # each session receiver's lock end, its release held off meanwhile
+            receivers = {id(s.receiver): s.receiver for s in group}
+            session_end = {key: sending.enter_context(receiver._settlement())
+                           for key, receiver in receivers.items()}
+            final = earliest([s.receiver._spend_locks([s.message], s.action,
+                                                      session_end[id(s.receiver)])
+                              for s in group])
+            try:
+                reply = await self._offload.run(lambda: self._batcher().settle(
+                    window[0], window[1], [s.item for s in group], final))
+                self.commands_sent += 1
+                check_reply(reply, group[0].receiver.entity_path)
+                answers = reply.statuses
+            except asyncio.CancelledError:  # the loop is closing: every waiter must hear
+                for settle in group:
+                    settle.answer.cancel()
+                raise
+            except Exception as exc:
+                for settle in group:
+                    if not settle.answer.done():
+                        settle.answer.set_exception(exc)
+                return
+            for settle, (status, until) in zip(group, answers, strict=True):
+                error = settle.receiver._apply_answer(settle.message, settle.action, status, until)
+                if settle.answer.done():
+                    continue  # its caller was cancelled; the settlement stands
+                if error is None:
+                    settle.answer.set_result(None)
+                else:
+                    settle.answer.set_exception(error)
 
     async def close(self) -> None:
         """Wait for the settles in flight (a client closes after them)."""

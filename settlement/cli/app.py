@@ -324,7 +324,10 @@ def _definition(args: argparse.Namespace, name: str) -> Definition | None:
     """What ``name`` is in the namespace (queue, topic or subscription path),
     or None: one read of the entities topic."""
     registry = EntityRegistry(parse_connection_string(connection_string(args)))
-    return registry.load_all().get(name)
+    try:
+        return registry.load_all().get(name)
+    finally:
+        registry.close()
 
 
 @contextmanager

@@ -250,6 +250,7 @@ class ServiceBusAdministrationClient(TopicAdministration):
         return self._link
 
     def close(self) -> None:
+        self._entities.close()
         if self._link is not None:
             self._link.close()
             self._link = None
