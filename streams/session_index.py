@@ -3,9 +3,12 @@
 * ``s<id>``: the :class:`Session` record: how many of its messages are
   pending (queued, locked or waiting for redelivery), its lock (batch and
   end), the size and time of its state;
-* ``o<hash><range>``: its pending offsets, one sorted list per range of
-  :data:`RANGE` offsets: a deep backlog costs a command one small key, and a
-  message may join anywhere (a scheduled one that came due);
+* ``p<hash><bound>``: its pending offsets, in sorted lists of at most
+  :data:`LIST_MAX`, each under a lower bound of what it holds (a list holds
+  the offsets from its bound to the next list's). A session of a few
+  messages has one list however far apart they lie in the log; a deep
+  backlog costs a command one small key; a message may join anywhere (a
+  scheduled one that came due);
 * ``r<first offset><id>``: the ready index of sessions with pending messages
   and no lock, oldest message first. The next available session is its first
   key, so idle sessions cost a command nothing;
@@ -19,12 +22,12 @@ import bisect
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from streams.store import Txn
 
-#: offsets per stored list of a session's pending offsets
-RANGE = 1024
+#: most offsets in one stored list of a session's pending offsets
+LIST_MAX = 1024
 
 
 @dataclass
@@ -38,13 +41,16 @@ class Session:
     first: int = -1      # its position in the ready index (-1: not listed)
     state_size: int = 0  # bytes of session state
     state_at: int = 0    # when the state was last set (ms)
+    #: the bounds of its lists of pending offsets, sorted (kept here, so that
+    #: finding a list reads no range)
+    bounds: list[int] = field(default_factory=list)
 
     def locked(self, now: int) -> bool:
         return self.batch != 0 and self.until > now
 
     def encode(self) -> bytes:
         return json.dumps([self.pending, self.batch, self.until, self.first, self.state_size,
-                           self.state_at], separators=(",", ":")).encode()
+                           self.state_at, self.bounds], separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, session_id: str, raw: bytes) -> Session:
@@ -66,7 +72,7 @@ class SessionIndex:
     def __init__(self, txn: Txn, prefix: bytes) -> None:
         self._txn = txn
         self._records = prefix + b"s"
-        self._offsets = prefix + b"o"
+        self._offsets = prefix + b"p"
         self._ready = prefix + b"r"
         self._states = prefix + b"v"
         self._loaded: dict[str, Session] = {}
@@ -100,30 +106,67 @@ class SessionIndex:
 
     def remove(self, session_id: str, offset: int) -> None:
         session = self.get(session_id)
-        offsets = self._list(session_id, offset)
+        bounds = self._bounds_of(session_id)
+        at = bisect.bisect_right(bounds, offset) - 1
+        offsets = self._list_at(self._list_key(session_id, bounds[at])) if at >= 0 else []
         index = bisect.bisect_left(offsets, offset)
         if index < len(offsets) and offsets[index] == offset:
             del offsets[index]
             session.pending -= 1
+            self._dirty_lists.add(self._list_key(session_id, bounds[at]))
+            if not offsets:
+                del bounds[at]
         if not session.batch and session.first == offset:
             self._list_ready(session, self.first_offset(session_id))
         self._dirty.add(session_id)
 
     def offsets(self, session_id: str) -> Iterator[int]:
         """The session's pending offsets in log order, read list by list."""
-        self._flush_lists()
-        prefix = self._offsets + self.ident(session_id).encode()
-        for key, _ in self._txn.range(prefix, prefix + b"~"):
-            yield from list(self._list_at(key))
+        for bound in list(self._bounds_of(session_id)):
+            yield from list(self._list_at(self._list_key(session_id, bound)))
 
     def first_offset(self, session_id: str) -> int | None:
         return next(self.offsets(session_id), None)
 
     def _list(self, session_id: str, offset: int) -> list[int]:
-        """The list holding ``offset``, to change."""
-        key = self._offsets + self.ident(session_id).encode() + _hex(offset // RANGE)
+        """The list ``offset`` belongs in, to add it to: the one with the
+        greatest bound up to it; the first, bound anew, if it is below all;
+        a new one if there is none. A list grown past :data:`LIST_MAX` is
+        split first, its upper half under its own bound."""
+        bounds = self._bounds_of(session_id)
+        at = max(0, bisect.bisect_right(bounds, offset) - 1)
+        if not bounds:
+            bounds.append(offset)
+        elif offset < bounds[0]:
+            self._rebound(session_id, bounds[0], offset)
+            bounds[0] = offset
+        key = self._list_key(session_id, bounds[at])
+        offsets = self._list_at(key)
+        if len(offsets) >= LIST_MAX:
+            upper = offsets[len(offsets) // 2:]
+            del offsets[len(offsets) // 2:]
+            self._dirty_lists.add(key)
+            bounds.insert(at + 1, upper[0])
+            self._lists[self._list_key(session_id, upper[0])] = upper
+            self._dirty_lists.add(self._list_key(session_id, upper[0]))
+            return self._list(session_id, offset)
         self._dirty_lists.add(key)
-        return self._list_at(key)
+        return offsets
+
+    def _rebound(self, session_id: str, old: int, new: int) -> None:
+        """Move the list under bound ``old`` to bound ``new``."""
+        old_key, new_key = self._list_key(session_id, old), self._list_key(session_id, new)
+        self._lists[new_key] = self._list_at(old_key)
+        self._lists[old_key] = []  # written as a delete
+        self._dirty_lists.update((old_key, new_key))
+
+    def _bounds_of(self, session_id: str) -> list[int]:
+        """The bounds of the session's lists, to read or change (changing
+        them changes its record)."""
+        return self.get(session_id).bounds
+
+    def _list_key(self, session_id: str, bound: int) -> bytes:
+        return self._offsets + self.ident(session_id).encode() + _hex(bound)
 
     def _list_at(self, key: bytes) -> list[int]:
         offsets = self._lists.get(key)

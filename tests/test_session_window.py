@@ -142,6 +142,25 @@ def test_idle_sessions_cost_a_command_nothing() -> None:
     assert many < few * 3 + 0.05, (few, many)
 
 
+def test_interleaved_sessions_keep_three_keys_each_beside_the_chunks_of_their_offsets() -> None:
+    """2,000 sessions of 10 whose messages lie 2,000 offsets apart: each
+    keeps its record, one list of pending offsets and its ready-index key;
+    the offsets' entries share chunks of 128 (before: a list per 1,024
+    offsets a session's messages spanned, 15 keys a session in all)."""
+    sessions, per_session = 2000, 10
+    win = window_with([f"s{k}" for _ in range(per_session) for k in range(sessions)])
+    chunks = -(-sessions * per_session // 128)
+    keys = len(win.store)
+    assert keys <= 3 * sessions + chunks
+    held = lock(win, None, 1)
+    assert held["session"] == "s0"
+    assert settle(win, receive(win, held, 2), "complete", 3) == ["ok"] * per_session
+    win.apply(cmd("release_session", session="s0", token=held["token"]), 4)
+    # s0's three keys are gone; each of the four commands left its answer
+    # (and when to forget it) for a retry of it
+    assert len(win.store) == keys - 3 + 4 * 2
+
+
 def test_a_deep_session_keeps_every_key_and_every_command_small() -> None:
     """100,000 messages in one session: more than one Kafka record could hold
     as one list, yet no stored value and no command's writes grow with them."""
