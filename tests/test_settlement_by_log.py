@@ -84,6 +84,18 @@ def _received_then_killed(engine: EngineProcess, admin: ServiceBusAdministration
     return receiver, messages
 
 
+def _only_the_abandoned_comes_back(second: ServiceBusReceiver,
+                                   messages: list[ServiceBusReceivedMessage]) -> None:
+    """Of ``messages`` (m0 completed, m1 abandoned, m2 deferred), only m1
+    comes back, once, and m2 waits deferred; ``second`` settles both."""
+    again = second.receive_messages(5, max_wait_time=5)
+    assert [(m.message_id, m.delivery_count) for m in again] == [("m1", 1)]
+    second.complete_message(again[0])
+    (deferred,) = second.receive_deferred_messages([messages[2].sequence_number])
+    assert deferred.message_id == "m2"
+    second.complete_message(deferred)
+
+
 def test_a_settlement_appended_within_its_lock_is_final_while_the_engine_is_down(
         own_engine: tuple[EngineProcess, ServiceBusAdministrationClient, ServiceBusClient]
         ) -> None:
@@ -99,12 +111,7 @@ def test_a_settlement_appended_within_its_lock_is_final_while_the_engine_is_down
     # The engine read the settlements at their place in the log, before any
     # lock lapsed: the abandoned one comes back once, the others never.
     second = client.get_queue_receiver("work")
-    again = second.receive_messages(5, max_wait_time=5)
-    assert [(m.message_id, m.delivery_count) for m in again] == [("m1", 1)]
-    second.complete_message(again[0])
-    (deferred,) = second.receive_deferred_messages([messages[2].sequence_number])
-    assert deferred.message_id == "m2"
-    second.complete_message(deferred)
+    _only_the_abandoned_comes_back(second, messages)
     _settled_for_good(admin, "work")
     receiver.close()
     second.close()
@@ -217,11 +224,6 @@ def test_a_session_settlement_appended_within_the_session_lock_is_final_while_th
     time.sleep(max(0.0, 6.0 - (time.monotonic() - started)))  # past the session lock's end
     engine.start()
     with client.get_queue_receiver("work", session_id="s", max_wait_time=10) as second:
-        again = second.receive_messages(5, max_wait_time=5)
         # released before its lock's end: m1 counts its abandon, not a lapse
-        assert [(m.message_id, m.delivery_count) for m in again] == [("m1", 1)]
-        second.complete_message(again[0])
-        (deferred,) = second.receive_deferred_messages([messages[2].sequence_number])
-        assert deferred.message_id == "m2"
-        second.complete_message(deferred)
+        _only_the_abandoned_comes_back(second, messages)
     _settled_for_good(admin, "work")
