@@ -1,11 +1,13 @@
 """Reads granted offsets of an entity's log straight from Kafka.
 
-The engine grants offsets; payloads never pass through it. A client keeps
-one reader per log partition (:class:`ReaderPool`), shared by its receivers:
-one consumer, assigned (never subscribed), moved only when a grant is far
-from where it stopped. Records it reads past on the way to the wanted ones
-are kept for the next reads, of any receiver of the client: the messages of
-one session lie scattered through the log, between other sessions', so the
+The engine grants offsets; payloads never pass through it. A reader is one
+consumer of one log partition, assigned (never subscribed), moved only when
+a grant is far from where it stopped. A client's receivers take readers from
+its :class:`ReaderPool` and give them back when they close, so a receiver
+per session costs no new consumer, and receivers read side by side. Records
+a reader reads past on the way to the wanted ones are kept for the next
+reads of any reader of that partition (:class:`Kept`): the messages of one
+session lie scattered through the log, between other sessions', so the
 receivers of a client draining sessions read the log about once instead of
 seeking for every message. The high watermark of the latest fetch response
 tells the engine how far the log goes (ListOffsets cannot be trusted for
@@ -33,15 +35,57 @@ _AHEAD_BYTES = 64 << 20
 #: Apache Kafka here, a seek costs what reading about 2 MB costs (7-10 ms
 #: against 4-6 ms per MB), and what is read through is kept for other reads
 _READ_THROUGH_BYTES = 4 << 20
+#: records taken from the consumer at once, of those it has fetched (a fetch
+#: brings up to 1 MB of a partition): past a seek, the neighbours of the
+#: record sought are other sessions' messages, wanted soon
+_TAKE_AT_ONCE = 1000
 #: what a record is taken to weigh until the reader has seen some
 _FIRST_RECORD_BYTES = 1024
+
+
+class Kept:
+    """Records of one log partition that readers read past, oldest first, up
+    to :data:`_AHEAD_BYTES`; shared by the readers of a client. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._records: OrderedDict[int, Message] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        #: what a record weighs, a running mean
+        self.record_bytes = float(_FIRST_RECORD_BYTES)
+
+    def take(self, offsets: list[int]) -> dict[int, Message]:
+        """The kept records at ``offsets``, no longer kept."""
+        found: dict[int, Message] = {}
+        with self._lock:
+            for offset in offsets:
+                record = self._records.pop(offset, None)
+                if record is not None:
+                    found[offset] = record
+                    self._bytes -= _size(record)
+        return found
+
+    def keep(self, records: list[tuple[int, Message]]) -> None:
+        """Keep records read past; the oldest kept go first when over the bound."""
+        with self._lock:
+            for offset, record in records:
+                if offset in self._records:
+                    continue
+                size = _size(record)
+                self.record_bytes += (size - self.record_bytes) / 64
+                self._records[offset] = record
+                self._bytes += size
+            while self._bytes > _AHEAD_BYTES:
+                self._bytes -= _size(self._records.popitem(last=False)[1])
 
 
 class PartitionReader:
     """Fetches records of one partition by offset and tracks its log end.
     Thread-safe: a receiver's read-ahead reads from another thread."""
 
-    def __init__(self, settings: ConnectionSettings, topic: str, partition: int) -> None:
+    def __init__(self, settings: ConnectionSettings, topic: str, partition: int,
+                 kept: Kept | None = None) -> None:
+        self.topic, self.partition = topic, partition
         self._tp = TopicPartition(topic, partition)
         config = settings.consumer_config(f"reader-{uuid.uuid4().hex[:12]}")
         config["queued.max.messages.kbytes"] = 16384
@@ -53,10 +97,7 @@ class PartitionReader:
             raise
         self._position = max(0, lower - 1)
         self._consumer.assign([TopicPartition(topic, partition, self._position)])
-        #: records read past, oldest first, and their bytes
-        self._ahead: OrderedDict[int, Message] = OrderedDict()
-        self._ahead_bytes = 0
-        self._record_bytes = float(_FIRST_RECORD_BYTES)  # a running mean
+        self._kept = Kept() if kept is None else kept
         self._hw = OFFSET_UNKNOWN
         self._lock = threading.RLock()
 
@@ -71,7 +112,8 @@ class PartitionReader:
             self._refresh_hw()
             if self._hw != OFFSET_UNKNOWN or time.monotonic() > deadline:
                 return max(self._hw, 0)
-            self._take(take(self._consumer, 500, 0.02))
+            fetched = self._take(take(self._consumer, 500, 0.02))
+            self._kept.keep([(offset_of(record), record) for record in fetched])
 
     def _refresh_hw(self) -> None:
         high = self._consumer.get_watermark_offsets(self._tp, cached=True)[1]
@@ -85,11 +127,7 @@ class PartitionReader:
             return self._read(offsets, timeout)
 
     def _read(self, offsets: list[int], timeout: float) -> dict[int, Message | None]:
-        found: dict[int, Message | None] = {}
-        for o in offsets:
-            if o in self._ahead:
-                found[o] = record = self._ahead.pop(o)
-                self._ahead_bytes -= _size(record)
+        found: dict[int, Message | None] = dict(self._kept.take(offsets))
         wanted = sorted(set(offsets) - set(found))
         deadline = time.monotonic() + timeout
         while wanted:
@@ -99,15 +137,18 @@ class PartitionReader:
                     f"[{self._tp.partition}] within {timeout}s"
                 )
             gap = wanted[0] - self._position
-            if gap < 0 or gap * self._record_bytes > _READ_THROUGH_BYTES:
+            if gap < 0 or gap * self._kept.record_bytes > _READ_THROUGH_BYTES:
                 self._seek(wanted[0])
             want = set(wanted)
-            for record in self._take(take(self._consumer, min(len(wanted) + 50, 5000), 0.05)):
+            passed = []
+            at_once = min(max(len(wanted) + 50, _TAKE_AT_ONCE), 5000)
+            for record in self._take(take(self._consumer, at_once, 0.05)):
                 offset = offset_of(record)
                 if offset in want:
                     found[offset] = record
-                elif offset not in self._ahead:
-                    self._keep(offset, record)
+                else:
+                    passed.append((offset, record))
+            self._kept.keep(passed)
             # Offsets passed without a record are gaps: they hold nothing.
             for o in wanted:
                 if o not in found and o < self._position:
@@ -136,16 +177,8 @@ class PartitionReader:
         self._refresh_hw()
         return good
 
-    def _keep(self, offset: int, record: Message) -> None:
-        """Keep a record read past; the oldest kept go first when over the bound."""
-        size = _size(record)
-        self._record_bytes += (size - self._record_bytes) / 64
-        self._ahead[offset] = record
-        self._ahead_bytes += size
-        while self._ahead_bytes > _AHEAD_BYTES:
-            self._ahead_bytes -= _size(self._ahead.popitem(last=False)[1])
-
     def _seek(self, offset: int) -> None:
+        # what was read past stays kept: another read may want it
         target = TopicPartition(self._tp.topic, self._tp.partition, offset)
         try:
             self._consumer.seek(target)
@@ -156,31 +189,42 @@ class PartitionReader:
     def close(self) -> None:
         with self._lock:
             self._consumer.close()
-            self._ahead.clear()
 
 
 class ReaderPool:
-    """The readers of one client, one per log partition, shared by its
-    receivers (and closed with the client). Thread-safe."""
+    """The readers of one client: a receiver takes one per partition it
+    reads and gives it back when it closes; the readers of a partition share
+    what they keep. Closed with the client. Thread-safe."""
 
     def __init__(self, settings: ConnectionSettings) -> None:
         self._settings = settings
-        self._readers: dict[tuple[str, int], PartitionReader] = {}
+        self._idle: dict[tuple[str, int], list[PartitionReader]] = {}
+        self._kept: dict[tuple[str, int], Kept] = {}
+        self._closed = False
         self._lock = threading.Lock()
 
-    def reader(self, topic: str, partition: int) -> PartitionReader:
+    def take(self, topic: str, partition: int) -> PartitionReader:
         with self._lock:
-            found = self._readers.get((topic, partition))
-            if found is None:
-                found = self._readers[(topic, partition)] = PartitionReader(
-                    self._settings, topic, partition)
-            return found
+            idle = self._idle.get((topic, partition))
+            if idle:
+                return idle.pop()
+            kept = self._kept.setdefault((topic, partition), Kept())
+        return PartitionReader(self._settings, topic, partition, kept)
+
+    def give_back(self, reader: PartitionReader) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.setdefault((reader.topic, reader.partition), []).append(reader)
+                return
+        reader.close()
 
     def close(self) -> None:
         with self._lock:
-            readers, self._readers = list(self._readers.values()), {}
-        for reader in readers:
-            reader.close()
+            self._closed = True
+            idle, self._idle, self._kept = self._idle, {}, {}
+        for readers in idle.values():
+            for reader in readers:
+                reader.close()
 
 
 def _size(record: Message) -> int:

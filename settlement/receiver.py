@@ -130,7 +130,8 @@ class ServiceBusReceiver:
         self._prefetch = max(prefetch_count, 1)
         self._rules = rules
         self._topic = names.entity_log(settings.namespace, props.path)
-        self._readers = readers  # the client's, shared by its receivers
+        self._pool = readers  # the client's: readers are taken from it and given back
+        self._readers: dict[int, PartitionReader] = {}
         self._turn = itertools.cycle(range(props.partition_count))
         self._peek_from = (0, 0)
         self._closed = False
@@ -604,7 +605,9 @@ class ServiceBusReceiver:
         return self._link.call_many([cmd], timeout=_left(deadline, 0.0))[0]
 
     def _reader(self, partition: int) -> PartitionReader:
-        return self._readers.reader(self._topic, partition)
+        if partition not in self._readers:
+            self._readers[partition] = self._pool.take(self._topic, partition)
+        return self._readers[partition]
 
     def _check_open(self) -> None:
         if self._closed:
@@ -628,6 +631,11 @@ class ServiceBusReceiver:
             self._return_unseen()
             self._session.release()
         self._closed = True
+        # A snapshot: the client may close this receiver while a thread of
+        # the application is still in one of its calls.
+        readers, self._readers = list(self._readers.values()), {}
+        for reader in readers:
+            self._pool.give_back(reader)
 
     def __enter__(self) -> ServiceBusReceiver:
         self._open()
