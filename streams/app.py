@@ -21,6 +21,7 @@ import faust
 from confluent_kafka.admin import AdminClient
 
 from streams import kafka_tuning
+from streams.record_sender import RecordSender
 from topics import names, specs
 from topics.connection import parse_connection_string
 
@@ -91,7 +92,6 @@ app = faust.App(
 )
 
 
-
 def _bytes_topic(name: str, partitions: int) -> faust.TopicT:
     """A topic of raw bytes keys and values; the record formats are ours."""
     return app.topic(name, key_type=bytes, value_type=bytes, partitions=partitions)
@@ -110,3 +110,6 @@ headers = app.Table("headers", default=None, key_type=bytes, value_type=bytes,
 entries = app.Table("entries", default=None, key_type=bytes, value_type=bytes,
                     partitions=specs.ENGINE_PARTITIONS)
 assert (headers.name, entries.name) == specs.ENGINE_TABLES
+#: every record the engine writes (tables' changelogs, events, states,
+#: replies) goes through this one sender, in order (streams.record_sender)
+records = RecordSender(app)

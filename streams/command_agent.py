@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from faust.types import TP, EventT, StreamT, TopicT
+from faust.types import TP, EventT, StreamT
 
 from streams import sessions
 from streams.app import (
@@ -36,6 +36,7 @@ from streams.app import (
     entries,
     events_topic,
     headers,
+    records,
     replies_topic,
     settings,
     state_topic,
@@ -77,7 +78,6 @@ log = logging.getLogger(__name__)
 #: The largest header record (with its redo and outbox) the engine writes:
 #: under the 1 MB that Kafka brokers and producers accept by default.
 MAX_COMMIT_BYTES = 900_000
-_pending: asyncio.Queue[tuple[ReplyAddress, Reply]] = asyncio.Queue()
 #: window key -> writes and events of its commit records on their way to
 #: Kafka under their own keys: the window's next record carries them again
 _unsettled: dict[bytes, list[_Unsettled]] = {}
@@ -385,7 +385,8 @@ async def _execute(runs: list[_Run]) -> None:
 async def _apply_group(key: bytes, group: list[_Run]) -> _Chunk | None:
     """Apply a window's commands in order; the chunk to commit, or None."""
     partition = group[0].partition
-    store, header_store = TableStore(entries, partition), TableStore(headers, partition)
+    store = TableStore(entries, partition, records)
+    header_store = TableStore(headers, partition, records)
     raw = header_store.get(key)
     if raw is not None and key not in _recovered:
         await _recover(raw, store)
@@ -580,16 +581,10 @@ def _publish(outbox: list[dict[str, Any]]) -> list[asyncio.Future[None]]:
     for record in outbox:
         topic = events_topic if is_event(record) else state_topic
         key = record_key(record)
-        sent.append(asyncio.ensure_future(_acknowledged(topic, key, encode_record(record))))
+        sent.append(records.send(topic.get_topic_name(), key, encode_record(record)))
         if record.get("gone"):  # compaction forgets the session
-            sent.append(asyncio.ensure_future(_acknowledged(topic, key, None)))
+            sent.append(records.send(topic.get_topic_name(), key, None))
     return sent
-
-
-async def _acknowledged(topic: TopicT, key: bytes, value: bytes | None) -> None:
-    """Send one record and wait until Kafka acknowledged it (Faust's ``send``
-    returns once its producer took the record)."""
-    await (await topic.send(key=key, value=value))
 
 
 async def _recover(raw: bytes, store: TableStore) -> None:
@@ -634,24 +629,18 @@ def _answer_refusal(cmd: Command, code: ErrorCode, message: str) -> None:
 
 
 def _answer(address: ReplyAddress, reply: Reply) -> None:
+    """Send an answer. Each is sent after the state it reports was
+    acknowledged, and ahead of its command's follow-up (the sender keeps
+    order), so it leaves in the producer's next request."""
     if address.partition >= specs.REPLY_PARTITIONS:  # forged: nobody reads there
         log.warning("not answering command %s: reply partition %d does not exist",
                     reply.id, address.partition)
         return
-    _pending.put_nowait((address, reply))
+    sent = records.send(replies_topic.get_topic_name(), reply.client.encode(),
+                        encode_reply(reply), address.partition)
+    sent.add_done_callback(_answered)
 
 
-@app.task
-async def send_replies() -> None:
-    """Answer in batches: every reply that queued meanwhile goes out together.
-    Each was queued after the state it reports was acknowledged."""
-    while True:
-        batch = [await _pending.get()]
-        while not _pending.empty():
-            batch.append(_pending.get_nowait())
-        try:
-            for address, reply in batch:
-                await replies_topic.send(key=reply.client.encode(), value=encode_reply(reply),
-                                         partition=address.partition)
-        except Exception:
-            log.exception("could not answer %d commands; their senders will retry", len(batch))
+def _answered(sent: asyncio.Future[Any]) -> None:
+    if not sent.cancelled() and sent.exception() is not None:
+        log.warning("could not send an answer (%s); its sender will retry", sent.exception())

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 
-from streams.app import app, entries, headers, settings
+from streams.app import app, entries, headers, records, settings
 from streams.command_agent import definitions, on_window_dropped, run_internal
 from streams.log_scanner import LogScanner
 from streams.table_store import TableStore
@@ -54,7 +54,7 @@ async def scan_queue_logs() -> None:
 def _window(key: bytes, raw: bytes) -> InflightWindow:
     """A stored window, read-only: the scanner reads its header and dead letters."""
     entity, partition = split_window_key(key.decode())
-    store = TableStore(entries, command_partition(key.decode(), specs.ENGINE_PARTITIONS))
+    store = TableStore(entries, command_partition(key.decode(), specs.ENGINE_PARTITIONS), records)
     return InflightWindow.load(raw, entity, partition, store)
 
 
