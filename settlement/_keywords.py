@@ -17,8 +17,8 @@ UNSUPPORTED = {
                   "through an HTTP proxy",
     "custom_endpoint_address": "the Endpoint of the connection string (or the fully "
                                "qualified namespace) names the brokers to connect to",
-    "connection_verify": "TLS trust goes in the connection string (SslCaLocation=PATH)",
-    "ssl_context": "TLS trust goes in the connection string (SslCaLocation=PATH)",
+    "ssl_context": "TLS trust goes in the connection string (CaFile=PATH) or in "
+                   "connection_verify=PATH",
     "transport_type": "the transport is Kafka's protocol, not AMQP over TCP or WebSockets",
     "uamqp_transport": "there is no AMQP transport",
     "socket_timeout": "Kafka clients keep their connections; bound a call with timeout= "

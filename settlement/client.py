@@ -17,7 +17,7 @@ from settlement._retry import RetryPolicy
 from settlement._session import ServiceBusSessionFilter
 from settlement._session_listing import session_ids
 from settlement._settle_batcher import SettleBatcher
-from settlement._sign_in import check_sign_in
+from settlement._sign_in import check_connection
 from settlement._subscription_rules import SubscriptionRules
 from settlement.lock_renewer import AutoLockRenewer
 from settlement.pairing import Pairing, SendAvailabilityPairedNamespaceOptions
@@ -63,8 +63,11 @@ class ServiceBusClient:
     ``logging_enable=True`` sets the ``settlement`` loggers to DEBUG (the
     SDK's network trace; as there, handlers are the application's).
     ``paired_namespace=SendAvailabilityPairedNamespaceOptions(...)`` keeps
-    sends going to a secondary namespace while this one is away. The SDK's
-    AMQP transport keywords are refused (:mod:`settlement._keywords`).
+    sends going to a secondary namespace while this one is away.
+    ``connection_verify=PATH`` checks a ``kafkas://`` (TLS) endpoint's
+    certificates against the CA in that PEM file, as the SDK's does (as
+    ``CaFile=PATH`` in a connection string). The SDK's AMQP transport
+    keywords are refused (:mod:`settlement._keywords`).
     """
 
     def __init__(self, fully_qualified_namespace: str, credential: Any, *,
@@ -72,9 +75,10 @@ class ServiceBusClient:
                  retry_backoff_max: float = 120, retry_mode: str = "exponential",
                  logging_enable: bool = False,
                  paired_namespace: SendAvailabilityPairedNamespaceOptions | None = None,
-                 **kwargs: Any) -> None:
+                 connection_verify: str | None = None, **kwargs: Any) -> None:
         refuse("ServiceBusClient", kwargs)
-        self._open(settings_from_credential(fully_qualified_namespace, credential),
+        self._open(settings_from_credential(fully_qualified_namespace, credential)
+                   .trusting(connection_verify),
                    RetryPolicy.from_options(
                        retry_total=retry_total, retry_backoff_factor=retry_backoff_factor,
                        retry_backoff_max=retry_backoff_max, retry_mode=retry_mode),
@@ -86,12 +90,14 @@ class ServiceBusClient:
                                retry_backoff_max: float = 120,
                                retry_mode: str = "exponential", logging_enable: bool = False,
                                paired_namespace: SendAvailabilityPairedNamespaceOptions
-                               | None = None, **kwargs: Any) -> ServiceBusClient:
+                               | None = None, connection_verify: str | None = None,
+                               **kwargs: Any) -> ServiceBusClient:
         """A client of the namespace the connection string names; the
         keywords are the constructor's."""
         refuse("from_connection_string", kwargs)
         return cls._from_settings(
-            parse_connection_string(conn_str), retry=RetryPolicy.from_options(
+            parse_connection_string(conn_str).trusting(connection_verify),
+            retry=RetryPolicy.from_options(
                 retry_total=retry_total, retry_backoff_factor=retry_backoff_factor,
                 retry_backoff_max=retry_backoff_max, retry_mode=retry_mode),
             paired_namespace=paired_namespace, logging_enable=logging_enable)
@@ -129,8 +135,10 @@ class ServiceBusClient:
     @property
     def fully_qualified_namespace(self) -> str:
         """``HOST:PORT[,HOST:PORT]/NAMESPACE``: where the SDK has the
-        namespace's host name, the brokers and the namespace on them."""
-        return f"{self.settings.bootstrap_servers}/{self.settings.namespace}"
+        namespace's host name, the brokers and the namespace on them
+        (after ``kafkas://`` for TLS, so that it builds a client like this one)."""
+        scheme = "kafkas://" if self.settings.tls else ""
+        return f"{scheme}{self.settings.bootstrap_servers}/{self.settings.namespace}"
 
     def get_queue_sender(self, queue_name: str, *, client_identifier: str | None = None,
                          max_in_flight: int = 10_000, **kwargs: Any) -> ServiceBusSender:
@@ -250,7 +258,7 @@ class ServiceBusClient:
         """Before the first sender or receiver: credentials the broker
         refuses raise ServiceBusAuthenticationError now, not after timeouts."""
         if not self._signed_in:
-            check_sign_in(self.settings)
+            check_connection(self.settings)
             self._signed_in = True
 
     def _engine(self) -> EngineLink:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, DataFrameReader, SparkSession
 from pyspark.sql.streaming import DataStreamReader
 
+from topics.connection import SYSTEM_CAS
+
 COLUMNS = ["key", "value", "headers", "topic", "partition", "offset", "timestamp"]
 
 _LOGIN_MODULES = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
@@ -34,7 +36,9 @@ def _security_options(security: dict[str, str] | None) -> dict[str, str]:
         options["kafka.sasl.jaas.config"] = (
             f'{_LOGIN_MODULES[mechanism]} required username="{security["sasl.username"]}" '
             f'password="{security["sasl.password"]}";')
-    if "ssl.ca.location" in security:
+    if security.get("ssl.ca.location", SYSTEM_CAS) != SYSTEM_CAS:
+        # a private CA's PEM file (Kafka's Java client reads PEM trust stores);
+        # otherwise the JVM's own CAs, as librdkafka's "probe" means the system's
         options["kafka.ssl.truststore.type"] = "PEM"
         options["kafka.ssl.truststore.location"] = security["ssl.ca.location"]
     return options

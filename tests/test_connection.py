@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import trustme
 
 from settlement import ServiceBusClient
 from settlement.exceptions import MessagingEntityNotFoundError, ServiceBusConnectionError
@@ -16,9 +19,40 @@ def test_connection_string_parses_hosts_namespace_and_options() -> None:
     settings = parse_connection_string(
         "Endpoint=kafka://a:9092,b:9093;Namespace=shop;FetchMaxWaitMs=10;SecurityProtocol=SSL")
     assert settings.bootstrap_servers == "a:9092,b:9093" and settings.namespace == "shop"
-    assert settings.security == {"security.protocol": "SSL"}
+    # TLS named the librdkafka way: the system's CAs, as with kafkas://
+    assert settings.security == {"security.protocol": "SSL", "ssl.ca.location": "probe"}
     assert parse_connection_string(settings.to_string()) == settings
     assert "FetchMaxWaitMs" not in settings.to_string()  # detected, never tuned by users
+
+
+@pytest.mark.parametrize("conn, protocol, ca_file", [
+    ("Endpoint=kafkas://a:9093;Namespace=shop", "SSL", None),
+    ("Endpoint=kafkas://a:9093;Namespace=shop;CaFile={ca}", "SSL", "{ca}"),
+    ("Endpoint=kafkas://a:9093;Namespace=shop;CaFile={ca};SharedAccessKeyName=app;"
+     "SharedAccessKey=k", "SASL_SSL", "{ca}"),
+    ("Endpoint=kafka://a:9092;Namespace=shop;SharedAccessKeyName=app;SharedAccessKey=k",
+     "SASL_PLAINTEXT", None),
+])
+def test_kafkas_endpoints_connect_with_tls_trusting_the_ca_file_or_the_system(
+        conn: str, protocol: str, ca_file: str | None, tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(ca))
+    settings = parse_connection_string(conn.format(ca=ca))
+    assert settings.security["security.protocol"] == protocol
+    assert settings.tls == protocol.endswith("SSL")
+    assert settings.ca_file == (ca_file.format(ca=ca) if ca_file else None)
+    assert parse_connection_string(settings.to_string()) == settings
+    context = settings.ssl_context()
+    if settings.tls:  # Python's clients (the engine's) check certificates and host names
+        assert context is not None and context.check_hostname
+    else:
+        assert context is None
+
+
+def test_a_ca_file_that_is_not_there_is_named() -> None:
+    settings = parse_connection_string("Endpoint=kafkas://a:9093;Namespace=shop;CaFile=/no/ca.pem")
+    with pytest.raises(ConnectionStringError, match="CaFile '/no/ca.pem'"):
+        settings.ssl_context()
 
 
 @pytest.mark.parametrize("conn, error, fragment", [
@@ -27,6 +61,9 @@ def test_connection_string_parses_hosts_namespace_and_options() -> None:
     ("Endpoint=kafka://nohost;Namespace=a", ConnectionStringError, "HOST:PORT"),
     ("Endpoint=kafka://h:1;Namespace=bad name", InvalidNameError, "namespace"),
     ("Endpoint=kafka://h:1;Namespace=a;Colour=blue", ConnectionStringError, "colour"),
+    ("Endpoint=kafka://h:1;Namespace=a;CaFile=/ca.pem", ConnectionStringError, "kafkas://"),
+    ("Endpoint=kafkas://h:1;Namespace=a;SecurityProtocol=SASL_PLAINTEXT", ConnectionStringError,
+     "TLS"),
 ])
 def test_bad_connection_strings_say_what_is_wrong(conn: str, error: type, fragment: str) -> None:
     with pytest.raises(error, match=fragment):

@@ -35,7 +35,9 @@ USERS = {name: uuid.uuid4().hex for name in
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
-    cluster = KafkaCluster(users=USERS, data_dir=tmp_path_factory.mktemp("secured-kafka"))
+    # TLS and SAS credentials, as an operator deploys (SASL_SSL)
+    cluster = KafkaCluster(users=USERS, tls=True,
+                           data_dir=tmp_path_factory.mktemp("secured-kafka"))
     cluster.start()
     engine: EngineProcess | None = None
     try:
@@ -113,14 +115,16 @@ def test_only_manage_creates_and_deletes(secured: KafkaCluster) -> None:
 def test_the_sdks_admin_constructor_signs_in_with_a_named_key(secured: KafkaCluster) -> None:
     """``ServiceBusAdministrationClient(namespace, credential)``; a refusal is
     azure-core's ClientAuthenticationError, as the SDK's client raises."""
-    namespace = f"{secured.bootstrap}/{NS}"
+    namespace = f"kafkas://{secured.bootstrap}/{NS}"
+    trust = str(secured.ca_path)  # the SDK's connection_verify: the CA of a private TLS CA
     manager = ServiceBusAdministrationClient(
-        namespace, AzureNamedKeyCredential("manager", USERS["manager"]))
+        namespace, AzureNamedKeyCredential("manager", USERS["manager"]), connection_verify=trust)
     assert "orders" in {q.name for q in manager.list_queues()}
     manager.close()
     for key_name, key, reason in (("listener", USERS["listener"], "Manage right"),
                                   ("manager", "wrong key", "did not accept")):
-        admin = ServiceBusAdministrationClient(namespace, AzureNamedKeyCredential(key_name, key))
+        admin = ServiceBusAdministrationClient(namespace, AzureNamedKeyCredential(key_name, key),
+                                               connection_verify=trust)
         with pytest.raises(ClientAuthenticationError, match=reason) as refused:
             admin.create_queue("made-with-a-credential")
         assert refused.value.status_code == 401
@@ -131,14 +135,16 @@ def test_the_sdks_client_constructor_signs_in_with_a_named_key(secured: KafkaClu
     """``ServiceBusClient(namespace, AzureNamedKeyCredential(...))`` sends and
     receives; a wrong key is ServiceBusAuthenticationError at once (it is not
     retried), naming the namespace and the broker's reason."""
-    namespace = f"{secured.bootstrap}/{NS}"
+    namespace = f"kafkas://{secured.bootstrap}/{NS}"
+    trust = str(secured.ca_path)
     message_id = uuid.uuid4().hex
-    with ServiceBusClient(namespace, AzureNamedKeyCredential("sender", USERS["sender"])) as client:
+    with ServiceBusClient(namespace, AzureNamedKeyCredential("sender", USERS["sender"]),
+                          connection_verify=trust) as client:
         assert client.fully_qualified_namespace == namespace
         client.get_queue_sender("orders").send_messages(
             ServiceBusMessage("named key", message_id=message_id))
-    with ServiceBusClient(namespace, AzureNamedKeyCredential("listener",
-                                                             USERS["listener"])) as client:
+    with ServiceBusClient(namespace, AzureNamedKeyCredential("listener", USERS["listener"]),
+                          connection_verify=trust) as client:
         receiver = client.get_queue_receiver("orders")
         received: list[str] = []
         while message_id not in received:  # other tests' messages may come first
@@ -148,7 +154,7 @@ def test_the_sdks_client_constructor_signs_in_with_a_named_key(secured: KafkaClu
             received += [m.message_id for m in batch]
     started = time.monotonic()
     with ServiceBusClient(namespace, AzureNamedKeyCredential("sender", "wrong key"),
-                          retry_total=5) as client, \
+                          retry_total=5, connection_verify=trust) as client, \
             pytest.raises(ServiceBusAuthenticationError,
                           match=f"namespace '{NS}'.*Invalid username or password"):
         client.get_queue_sender("orders").send_messages(ServiceBusMessage("x"))

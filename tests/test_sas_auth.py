@@ -46,11 +46,14 @@ def token_for(cluster: KafkaCluster, user: str, key: str | None = None, ttl: flo
 
 def with_token(cluster: KafkaCluster, token: str) -> ServiceBusClient:
     return ServiceBusClient.from_connection_string(
-        f"Endpoint=kafka://{cluster.bootstrap};Namespace={NS};SharedAccessSignature={token}")
+        f"Endpoint=kafkas://{cluster.bootstrap};Namespace={NS};CaFile={cluster.ca_path};"
+        f"SharedAccessSignature={token}")
 
 
 def with_credential(cluster: KafkaCluster, credential: object) -> ServiceBusClient:
-    return ServiceBusClient(namespace(cluster), credential)
+    """The SDK's constructor, over TLS trusting the cluster's CA (``connection_verify``)."""
+    return ServiceBusClient(f"kafkas://{namespace(cluster)}", credential,
+                            connection_verify=str(cluster.ca_path))
 
 
 def send_and_receive(sending: ServiceBusClient, receiving: ServiceBusClient) -> None:
@@ -104,8 +107,8 @@ def test_an_expired_token_is_refused(secured: KafkaCluster) -> None:  # noqa: F8
 def test_a_token_for_another_key_name_is_refused(secured: KafkaCluster) -> None:  # noqa: F811
     assert_refused(with_token(secured, token_for(secured, "nobody", key="some-key")))
     # the sender's valid token presented as the listener's password
-    conn = (f"Endpoint=kafka://{secured.bootstrap};Namespace={NS};SharedAccessKeyName=listener;"
-            f"SharedAccessKey={token_for(secured, 'sender')}")
+    conn = (f"Endpoint=kafkas://{secured.bootstrap};Namespace={NS};CaFile={secured.ca_path};"
+            f"SharedAccessKeyName=listener;SharedAccessKey={token_for(secured, 'sender')}")
     assert_refused(ServiceBusClient.from_connection_string(conn))
 
 

@@ -25,7 +25,6 @@ from topics.connection import ConnectionStringError, parse_connection_string
 SDK_VALUES: dict[str, Any] = {
     "http_proxy": {"proxy_hostname": "proxy.example", "proxy_port": 3128},
     "custom_endpoint_address": "sb://gateway.example:443",
-    "connection_verify": "/etc/ssl/certs/ca-certificates.crt",
     "ssl_context": None,
     "transport_type": "AmqpOverWebsocket",
     "uamqp_transport": False,
@@ -33,7 +32,7 @@ SDK_VALUES: dict[str, Any] = {
     "user_agent": "my-app/1.0",
     "connection_timeout": 5.0,
 }
-CLIENT_KEYWORDS = ["http_proxy", "custom_endpoint_address", "connection_verify", "ssl_context",
+CLIENT_KEYWORDS = ["http_proxy", "custom_endpoint_address", "ssl_context",
                    "transport_type", "uamqp_transport", "user_agent", "socket_timeout"]
 
 
@@ -67,6 +66,19 @@ def test_the_client_refuses_the_amqp_transport_keywords(conn: str, keyword: str)
     assert_refused(lambda **kw: ServiceBusClient(
         "127.0.0.1:9092/shop", AzureNamedKeyCredential("sender", "key"), **kw),
         "ServiceBusClient", keyword)
+
+
+def test_connection_verify_names_the_ca_of_a_tls_endpoint(conn: str) -> None:
+    """The SDK's ``connection_verify`` (a CA file) is ``CaFile`` of a
+    ``kafkas://`` endpoint; on a plaintext one it says so."""
+    with pytest.raises(ConnectionStringError, match="kafkas://"):
+        ServiceBusClient.from_connection_string(conn, connection_verify="/etc/ca.pem")
+    client = ServiceBusClient("kafkas://127.0.0.1:9093/shop",
+                              AzureNamedKeyCredential("sender", "key"),
+                              connection_verify="/etc/ca.pem")
+    assert client.settings.ca_file == "/etc/ca.pem"
+    assert client.fully_qualified_namespace == "kafkas://127.0.0.1:9093/shop"
+    client.close()
 
 
 def test_the_client_refuses_unknown_keywords(conn: str) -> None:

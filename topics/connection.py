@@ -1,20 +1,26 @@
 """Connection strings: ``Endpoint=kafka://HOST:PORT[,HOST:PORT];Namespace=NAME``.
 
 The shape follows Service Bus connection strings so that ported code only
-changes the string. Optional keys:
+changes the string. ``Endpoint=kafkas://...`` connects with TLS (Kafka's
+``SSL`` protocol, ``SASL_SSL`` with credentials), trusting the system's
+certificate authorities or the one in ``CaFile=PATH`` (a PEM file: a private
+CA, such as the one ``settlement kafka --tls`` makes). Optional keys:
 
-* ``SecurityProtocol``, ``SaslMechanism``, ``SaslUsername``, ``SaslPassword``,
-  ``SslCaLocation``: passed to Kafka clients as their librdkafka names.
+* ``CaFile``: the PEM file of the CA that signed the brokers' certificates
+  (``kafkas://`` only).
 * ``SharedAccessKeyName`` and ``SharedAccessKey`` (the Service Bus names) are
   the SASL user name and password; the mechanism is then PLAIN and the
-  protocol SASL_PLAINTEXT unless the string names others.
+  protocol SASL_PLAINTEXT (SASL_SSL with ``kafkas://``) unless the string
+  names others.
+* ``SecurityProtocol``, ``SaslMechanism``, ``SaslUsername``, ``SaslPassword``,
+  ``SslCaLocation``: passed to Kafka clients as their librdkafka names.
 * ``SharedAccessSignature=SharedAccessSignature sr=..&sig=..&se=..&skn=..``
   signs in as the token's key name with the token as password, as
   ``AzureSasCredential`` does (see :func:`settings_from_credential`).
 
 A client built the SDK's other way, ``ServiceBusClient(fully_qualified_namespace,
 credential)``, names the namespace as ``HOST:PORT[,HOST:PORT]/NAMESPACE``
-(optionally after ``kafka://`` or ``sb://``) and passes an ``azure-core``
+(optionally after ``kafka://``, ``kafkas://`` for TLS, or ``sb://``) and passes an ``azure-core``
 credential: :func:`settings_from_credential` maps it to the same settings.
 
 Nothing in the string tunes for a broker: what differs between Apache Kafka
@@ -24,8 +30,10 @@ and the embedded broker is detected (:mod:`topics.broker_profile`). The
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
+import ssl
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -41,9 +49,19 @@ _SECURITY_KEYS = {
     "saslusername": "sasl.username",
     "saslpassword": "sasl.password",
     "sslcalocation": "ssl.ca.location",
+    "cafile": "ssl.ca.location",
     "sharedaccesskeyname": "sasl.username",
     "sharedaccesskey": "sasl.password",
 }
+#: the connection string's name of each setting, as :meth:`ConnectionSettings.to_string` writes it
+_KEY_NAMES = {"security.protocol": "SecurityProtocol", "sasl.mechanism": "SaslMechanism",
+              "sasl.username": "SaslUsername", "sasl.password": "SaslPassword",
+              "ssl.ca.location": "CaFile"}
+#: the protocols of a TLS connection (librdkafka's ``security.protocol``)
+TLS_PROTOCOLS = frozenset({"SSL", "SASL_SSL"})
+#: librdkafka's ``ssl.ca.location`` for "the system's CAs": it looks in the
+#: usual places, since its bundled OpenSSL may not know this system's
+SYSTEM_CAS = "probe"
 _LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
 _HOSTPORT = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
 
@@ -59,6 +77,45 @@ class ConnectionSettings:
     bootstrap_servers: str
     namespace: str
     security: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def tls(self) -> bool:
+        """Whether clients connect with TLS (``kafkas://``)."""
+        return self.security.get("security.protocol", "PLAINTEXT") in TLS_PROTOCOLS
+
+    @property
+    def ca_file(self) -> str | None:
+        """The PEM file of the CA the brokers' certificates are checked
+        against; None: the system's CAs (or no TLS)."""
+        location = self.security.get("ssl.ca.location")
+        return None if location in (None, SYSTEM_CAS) else location
+
+    def trusting(self, ca_file: str | None) -> ConnectionSettings:
+        """These settings, checking the brokers' certificates against the
+        CA in ``ca_file`` (the SDK's ``connection_verify``); None changes
+        nothing."""
+        if ca_file is None:
+            return self
+        if not self.tls:
+            raise ConnectionStringError(
+                f"connection_verify={ca_file!r} names the CA of a TLS listener: use an "
+                "Endpoint=kafkas://HOST:PORT (or a kafkas:// fully qualified namespace)")
+        return dataclasses.replace(self, security={**self.security,
+                                                   "ssl.ca.location": str(ca_file)})
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A TLS context for Python's own Kafka clients (aiokafka, under
+        Faust): certificates and host names checked against :attr:`ca_file`,
+        or the system's CAs; None without TLS."""
+        if not self.tls:
+            return None
+        try:
+            return ssl.create_default_context(cafile=self.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConnectionStringError(
+                f"CaFile {self.ca_file!r} is not a readable PEM file of certificates ({exc}): "
+                "name the CA certificate that signed the brokers' ('settlement kafka --tls' "
+                "prints it as 'ca:')") from None
 
     @cached_property
     def profile(self) -> broker_profile.BrokerProfile:
@@ -87,22 +144,26 @@ class ConnectionSettings:
         }
 
     def faust_credentials(self) -> Any:
-        """The SASL credentials of this connection for Faust (aiokafka), or
-        None for a plaintext connection."""
-        if "sasl.username" not in self.security:
+        """The credentials of this connection for Faust (aiokafka): SASL,
+        TLS or both; None for a plaintext connection."""
+        if "sasl.username" not in self.security and not self.tls:
             return None
         # deferred: Faust is the engine's, slow to import, and clients never get here
         import faust
 
+        if "sasl.username" not in self.security:
+            return faust.SSLCredentials(self.ssl_context())
         return faust.SASLCredentials(
             username=self.security["sasl.username"], password=self.security["sasl.password"],
-            mechanism=self.security.get("sasl.mechanism", "PLAIN"))
+            mechanism=self.security.get("sasl.mechanism", "PLAIN"),
+            ssl_context=self.ssl_context())
 
     def to_string(self) -> str:
         """The connection string that parses back to these settings."""
-        parts = [f"Endpoint=kafka://{self.bootstrap_servers}", f"Namespace={self.namespace}"]
-        inverse = {v: k for k, v in _SECURITY_KEYS.items() if not k.startswith("shared")}
-        parts += [f"{inverse[k]}={v}" for k, v in self.security.items()]
+        scheme = "kafkas" if self.tls else "kafka"
+        parts = [f"Endpoint={scheme}://{self.bootstrap_servers}", f"Namespace={self.namespace}"]
+        parts += [f"{_KEY_NAMES[k]}={v}" for k, v in self.security.items()
+                  if (k, v) != ("ssl.ca.location", SYSTEM_CAS)]
         return ";".join(parts)
 
 
@@ -119,12 +180,13 @@ def parse_connection_string(conn_str: str) -> ConnectionSettings:
             raise ConnectionStringError(f"connection string part {part!r} has no '='")
         values[key.strip().lower()] = value.strip()
     endpoint = values.pop("endpoint", "")
-    if not endpoint.startswith("kafka://"):
+    scheme, sep, servers = endpoint.partition("://")
+    if not sep or scheme.lower() not in ("kafka", "kafkas"):
         raise ConnectionStringError(
-            f"Endpoint must start with kafka:// (got {endpoint!r}); "
+            f"Endpoint must start with kafka:// (or kafkas:// for TLS), got {endpoint!r}: "
             "use 'Endpoint=kafka://HOST:PORT[,HOST:PORT];Namespace=NAME'"
         )
-    hosts = [h.strip() for h in endpoint[len("kafka://"):].rstrip("/").split(",") if h.strip()]
+    hosts = [h.strip() for h in servers.rstrip("/").split(",") if h.strip()]
     bad = [h for h in hosts if not _HOSTPORT.match(h)]
     if not hosts or bad:
         raise ConnectionStringError(f"Endpoint needs HOST:PORT pairs, got {bad or endpoint!r}")
@@ -142,12 +204,33 @@ def parse_connection_string(conn_str: str) -> ConnectionSettings:
                 "a connection string has either SharedAccessSignature or "
                 "SharedAccessKeyName/SharedAccessKey (SaslUsername/SaslPassword), not both")
         security.update({"sasl.username": sas_key_name(token), "sasl.password": token})
-    if "sasl.username" in security:
-        security.setdefault("sasl.mechanism", "PLAIN")
-        security.setdefault("security.protocol", "SASL_PLAINTEXT")
     if values:
         raise ConnectionStringError(f"unknown connection string keys: {sorted(values)}")
-    return ConnectionSettings(",".join(hosts), namespace, security)
+    return ConnectionSettings(",".join(hosts), namespace,
+                              _with_protocol(security, tls=scheme.lower() == "kafkas"))
+
+
+def _with_protocol(security: dict[str, str], *, tls: bool) -> dict[str, str]:
+    """``security`` with its protocol: TLS as the endpoint's scheme says,
+    SASL when there are credentials; a protocol named outright must agree."""
+    sasl = "sasl.username" in security
+    if sasl:
+        security.setdefault("sasl.mechanism", "PLAIN")
+    implied = {(False, False): "PLAINTEXT", (False, True): "SASL_PLAINTEXT",
+               (True, False): "SSL", (True, True): "SASL_SSL"}[(tls, sasl)]
+    named = security.get("security.protocol")
+    if tls and named is not None and named.upper() not in TLS_PROTOCOLS:
+        raise ConnectionStringError(
+            f"Endpoint kafkas:// connects with TLS, but SecurityProtocol says {named}: "
+            "drop SecurityProtocol, or use kafka://")
+    if not tls and "ssl.ca.location" in security and (named or "").upper() not in TLS_PROTOCOLS:
+        raise ConnectionStringError(
+            "CaFile is the CA of a TLS listener: use Endpoint=kafkas://HOST:PORT with it")
+    if implied != "PLAINTEXT":
+        security.setdefault("security.protocol", implied)
+    if security.get("security.protocol", "").upper() in TLS_PROTOCOLS:
+        security.setdefault("ssl.ca.location", SYSTEM_CAS)
+    return security
 
 
 #: ``token_type`` of a ``get_token`` credential whose tokens are SAS tokens (as in the SDK)
@@ -159,7 +242,7 @@ SAS_PREFIX = "SharedAccessSignature "
 def parse_fully_qualified_namespace(fully_qualified_namespace: str) -> tuple[str, str]:
     """``(bootstrap servers, namespace)`` of ``HOST:PORT[,HOST:PORT]/NAMESPACE``."""
     text = str(fully_qualified_namespace or "").strip()
-    for scheme in ("kafka://", "sb://"):
+    for scheme in ("kafkas://", "kafka://", "sb://"):
         text = text.removeprefix(scheme)
     hosts, _, namespace = text.rstrip("/").rpartition("/")
     servers = [h.strip() for h in hosts.split(",") if h.strip()]
@@ -195,6 +278,7 @@ def settings_from_credential(fully_qualified_namespace: str, credential: Any
     so it must outlive the client. Azure AD credentials (other ``get_token``
     credentials) have nothing to sign in to here."""
     servers, namespace = parse_fully_qualified_namespace(fully_qualified_namespace)
+    tls = str(fully_qualified_namespace).strip().startswith("kafkas://")
     if isinstance(credential, AzureNamedKeyCredential):
         user, password = credential.named_key
     elif isinstance(credential, AzureSasCredential):
@@ -213,6 +297,5 @@ def settings_from_credential(fully_qualified_namespace: str, credential: Any
         raise TypeError(
             f"credential must be an azure.core.credentials.AzureNamedKeyCredential or "
             f"AzureSasCredential, not {type(credential).__name__}")
-    return ConnectionSettings(servers, namespace, {
-        "sasl.username": user, "sasl.password": password, "sasl.mechanism": "PLAIN",
-        "security.protocol": "SASL_PLAINTEXT"})
+    return ConnectionSettings(servers, namespace, _with_protocol(
+        {"sasl.username": user, "sasl.password": password}, tls=tls))

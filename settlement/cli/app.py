@@ -7,6 +7,7 @@ Every command that talks to a namespace takes ``--connection-string`` (or the
     settlement broker --port 9092              # Apache Kafka, its data in data/broker
     settlement broker --tansu --port 9092      # Tansu instead: no JVM, memory only
     settlement kafka --port 9092 --brokers 3   # Apache Kafka of three nodes
+    settlement kafka --port 9093 --tls         # with TLS: prints 'ca: PATH' for CaFile=PATH
     settlement worker --connection-string "Endpoint=kafka://127.0.0.1:9092;Namespace=dev"
     export SETTLEMENT_CONNECTION_STRING="Endpoint=kafka://127.0.0.1:9092;Namespace=dev"
     settlement queue create orders --lock-duration 30 --max-delivery-count 5
@@ -41,6 +42,7 @@ from tqdm import tqdm
 
 from settlement._entities import EntityRegistry
 from settlement._session import NEXT_AVAILABLE_SESSION
+from settlement._sign_in import check_connection
 from settlement.cli import admin as admin_cli
 from settlement.cli import namespace as namespace_cli
 from settlement.cli import pair as pair_cli
@@ -127,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where the nodes keep their data (default: a temporary directory)")
     kafka.add_argument("--version", default=KAFKA_VERSION,
                        help=f"Apache Kafka version on Maven Central (default {KAFKA_VERSION})")
+    kafka.add_argument("--tls", action="store_true",
+                       help="a TLS listener, with a certificate signed by a CA made for the "
+                            "cluster (kept in its data directory); prints 'ca: PATH' for "
+                            "clients' Endpoint=kafkas://...;CaFile=PATH")
     kafka.set_defaults(handler=cmd_kafka)
 
     worker = commands.add_parser(
@@ -357,11 +363,17 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
-    return run_kafka(args.port, args.brokers, args.data_dir, args.version)
+    return run_kafka(args.port, args.brokers, args.data_dir, args.version, tls=args.tls)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    run_worker(connection_string(args), args.data_dir, args.web_port, args.loglevel)
+    conn = connection_string(args)
+    settings = parse_connection_string(conn)
+    settings.ssl_context()  # a CaFile that cannot be read is named now
+    # Refused credentials and TLS on one side only are said now, not logged
+    # by Faust once per reconnection.
+    check_connection(settings)
+    run_worker(conn, args.data_dir, args.web_port, args.loglevel)
     return 0
 
 

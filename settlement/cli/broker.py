@@ -32,15 +32,18 @@ def run_tansu(host: str, port: int) -> int:
     return _run(broker, lambda: [f"bootstrap: {broker.bootstrap}"])
 
 
-def run_kafka(port: int, brokers: int, data_dir: str | None, version: str) -> int:
+def run_kafka(port: int, brokers: int, data_dir: str | None, version: str, *,
+              tls: bool = False) -> int:
     """Run a :class:`KafkaCluster` until SIGINT or SIGTERM; on the same
-    ``data_dir`` it is the same cluster, with its data."""
+    ``data_dir`` it is the same cluster, with its data. With ``tls`` its
+    listener speaks TLS, and the CA file clients trust is printed as ``ca:``."""
     cluster = KafkaCluster(brokers=brokers, port=port, version=version,
-                           data_dir=Path(data_dir) if data_dir else None)
+                           data_dir=Path(data_dir) if data_dir else None, tls=tls)
 
     def lines() -> list[str]:
         nodes = [f"node {n.node_id}: pid {n.pid} port {n.port}" for n in cluster.nodes]
-        return [*nodes, f"bootstrap: {cluster.bootstrap}"]
+        trust = [f"ca: {cluster.ca_path}"] if tls else []
+        return [*nodes, f"bootstrap: {cluster.bootstrap}", *trust]
 
     return _run(cluster, lines)
 

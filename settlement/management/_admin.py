@@ -14,7 +14,7 @@ from settlement._entities import EntityRegistry
 from settlement._retry import RetryPolicy
 from settlement._session_listing import SessionRuntimeProperties, list_sessions
 from settlement._settled_stats import add_counts, log_ends, settled_stats
-from settlement._sign_in import check_sign_in
+from settlement._sign_in import check_connection
 from settlement.exceptions import (
     MessagingEntityAlreadyExistsError,
     OperationTimeoutError,
@@ -62,18 +62,20 @@ class ServiceBusAdministrationClient(TopicAdministration):
     (:mod:`settlement.exceptions`). Every keyword of the SDK's methods is
     honoured or refused with a ``TypeError`` saying why."""
 
-    def __init__(self, fully_qualified_namespace: str, credential: Any, **kwargs: Any
-                 ) -> None:
-        # api_version, and azure-core's HTTP pipeline options, have no
-        # meaning over Kafka: refused, with the others.
+    def __init__(self, fully_qualified_namespace: str, credential: Any, *,
+                 connection_verify: str | None = None, **kwargs: Any) -> None:
+        # api_version, and azure-core's other HTTP pipeline options, have no
+        # meaning over Kafka: refused, with the others. connection_verify
+        # (the CA file of a TLS endpoint) is honoured, as the client's.
         refuse_admin("ServiceBusAdministrationClient", kwargs)
-        self._open(settings_from_credential(fully_qualified_namespace, credential))
+        self._open(settings_from_credential(fully_qualified_namespace, credential)
+                   .trusting(connection_verify))
 
     @classmethod
-    def from_connection_string(cls, conn_str: str, **kwargs: Any
-                               ) -> ServiceBusAdministrationClient:
+    def from_connection_string(cls, conn_str: str, *, connection_verify: str | None = None,
+                               **kwargs: Any) -> ServiceBusAdministrationClient:
         refuse_admin("from_connection_string", kwargs)
-        return cls._from_settings(parse_connection_string(conn_str))
+        return cls._from_settings(parse_connection_string(conn_str).trusting(connection_verify))
 
     @classmethod
     def _from_settings(cls, settings: ConnectionSettings) -> ServiceBusAdministrationClient:
@@ -101,7 +103,7 @@ class ServiceBusAdministrationClient(TopicAdministration):
         (:class:`ServiceBusAuthenticationError`) at the first call, as the
         SDK's do, instead of the call timing out while librdkafka retries."""
         if not self._signed_in:
-            check_sign_in(self._settings)
+            check_connection(self._settings)
             self._signed_in = True
 
     def create_queue(self, queue_name: str, **kwargs: Any) -> QueueProperties:

@@ -13,6 +13,12 @@ and runs ``kafka.Kafka`` per node::
 A cluster started again on the same ``data_dir`` is the same cluster with its
 data: the cluster id and every node's ports are kept in ``cluster.json``.
 
+With ``tls=True`` the client listener speaks TLS (``SSL``, or ``SASL_SSL``
+with users) with a certificate for 127.0.0.1 and localhost signed by a
+private CA made for the cluster (``tls/ca.pem`` in its data directory, kept
+with the data so that clients go on trusting a restarted cluster); its
+connection strings are ``kafkas://`` ones naming that CA as ``CaFile``.
+
 Every node is broker and controller at once (``controller.quorum.voters`` lists
 them all), so one or three processes make a complete cluster. The settings in
 :data:`BROKER_SETTINGS` are those of every Kafka the project runs; the
@@ -43,6 +49,7 @@ from settlement.testing._local_broker import (
     wait_until_answering,
 )
 from settlement.testing.maven import POMS, fetch_jars, require_java
+from settlement.testing.tls import CertificateFiles, make_certificates
 
 log = logging.getLogger(__name__)
 
@@ -148,13 +155,15 @@ class KafkaCluster:
     key (:data:`SAS_HANDLER` checks both)."""
 
     def __init__(self, brokers: int = 1, port: int = 0, data_dir: str | os.PathLike[str] | None
-                 = None, version: str = KAFKA_VERSION, users: dict[str, str] | None = None
-                 ) -> None:
+                 = None, version: str = KAFKA_VERSION, users: dict[str, str] | None = None,
+                 tls: bool = False) -> None:
         if brokers not in (1, 3):
             raise ValueError(f"brokers must be 1 or 3, got {brokers}")
         if users is not None and "admin" not in users:
             raise ValueError("a secured cluster needs a user named 'admin' (its super user)")
         self.users = users
+        self.tls = tls
+        self.certificates: CertificateFiles | None = None
         self.brokers = brokers
         self.version = version
         self._requested_port = port
@@ -180,19 +189,37 @@ class KafkaCluster:
         """True while every node runs."""
         return bool(self.nodes) and all(node.running for node in self.nodes)
 
+    @property
+    def protocol(self) -> str:
+        """The client listener's security protocol (Kafka's name)."""
+        return {(False, False): "PLAINTEXT", (False, True): "SASL_PLAINTEXT",
+                (True, False): "SSL", (True, True): "SASL_SSL"}[(self.tls,
+                                                                 self.users is not None)]
+
+    @property
+    def ca_path(self) -> Path:
+        """The PEM file of the CA that signed the nodes' certificates (TLS)."""
+        assert self.certificates is not None, "the cluster has no TLS listener"
+        return self.certificates.ca
+
     def connection_string(self, namespace: str, user: str = "admin") -> str:
         """A settlement connection string for this cluster and *namespace*
-        (on a secured cluster, as ``user``)."""
+        (on a secured cluster, as ``user``; with TLS, trusting its CA)."""
         conn = f"Endpoint=kafka://{self.bootstrap};Namespace={namespace}"
+        if self.tls:
+            conn = f"Endpoint=kafkas://{self.bootstrap};Namespace={namespace};CaFile={self.ca_path}"
         if self.users is None:
             return conn
         return f"{conn};SharedAccessKeyName={user};SharedAccessKey={self.users[user]}"
 
     def _admin_security(self) -> dict[str, str]:
-        if self.users is None:
-            return {}
-        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-                "sasl.username": "admin", "sasl.password": self.users["admin"]}
+        security = {"security.protocol": self.protocol}
+        if self.tls:
+            security["ssl.ca.location"] = str(self.ca_path)
+        if self.users is not None:
+            security |= {"sasl.mechanism": "PLAIN", "sasl.username": "admin",
+                         "sasl.password": self.users["admin"]}
+        return security
 
     def node(self, node_id: int) -> KafkaNode:
         return next(node for node in self.nodes if node.node_id == node_id)
@@ -212,6 +239,8 @@ class KafkaCluster:
             self._data_dir = Path(tempfile.mkdtemp(prefix="kafka-cluster-"))
         self._data_dir.mkdir(parents=True, exist_ok=True)
         cluster_id = self._load_or_lay_out()
+        if self.tls:
+            self.certificates = make_certificates(self.data_dir / "tls", [_HOST, "localhost"])
         try:
             for node in self.nodes:
                 self._write_config(node)
@@ -308,47 +337,59 @@ class KafkaCluster:
 
     def _write_config(self, node: KafkaNode) -> None:
         voters = ",".join(f"{n.node_id}@{_HOST}:{n.controller_port}" for n in self.nodes)
+        # The client listener (which the nodes also use between them) is
+        # named after its protocol; the controller listener stays plaintext
+        # on loopback.
+        protocol = self.protocol
         config = {
             "process.roles": "broker,controller",
             "node.id": str(node.node_id),
             "controller.quorum.voters": voters,
-            "listeners": f"PLAINTEXT://{_HOST}:{node.port},CONTROLLER://{_HOST}:"
+            "listeners": f"{protocol}://{_HOST}:{node.port},CONTROLLER://{_HOST}:"
                          f"{node.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{_HOST}:{node.port}",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "advertised.listeners": f"{protocol}://{_HOST}:{node.port}",
+            "listener.security.protocol.map": f"{protocol}:{protocol},CONTROLLER:PLAINTEXT",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
+            "inter.broker.listener.name": protocol,
             "log.dirs": str(node.directory / "data"),
             **replication_settings(self.brokers),
             **BROKER_SETTINGS,
-            **self._secured_settings(node),
+            **self._secured_settings(protocol),
+            **self._tls_settings(),
         }
         node.directory.mkdir(parents=True, exist_ok=True)
         (node.directory / "server.properties").write_text(
             "".join(f"{key}={value}\n" for key, value in config.items()))
 
-    def _secured_settings(self, node: KafkaNode) -> dict[str, str]:
+    def _secured_settings(self, protocol: str) -> dict[str, str]:
         """SASL/PLAIN on the client listener, and ACLs enforced. The controller
         listener stays plaintext on loopback (its principal, ANONYMOUS, is a
         super user so that nodes can talk to the quorum)."""
         if self.users is None:
             return {}
         accounts = " ".join(f'user_{name}="{password}"' for name, password in self.users.items())
+        listener = f"listener.name.{protocol.lower()}.plain"
         return {
-            "listeners": f"SASL_PLAINTEXT://{_HOST}:{node.port},CONTROLLER://{_HOST}:"
-                         f"{node.controller_port}",
-            "advertised.listeners": f"SASL_PLAINTEXT://{_HOST}:{node.port}",
-            "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT,"
-                                              "CONTROLLER:PLAINTEXT",
-            "inter.broker.listener.name": "SASL_PLAINTEXT",
             "sasl.enabled.mechanisms": "PLAIN",
             "sasl.mechanism.inter.broker.protocol": "PLAIN",
-            "listener.name.sasl_plaintext.plain.sasl.jaas.config":
+            f"{listener}.sasl.jaas.config":
                 "org.apache.kafka.common.security.plain.PlainLoginModule required "
                 f'username="admin" password="{self.users["admin"]}" {accounts};',
-            "listener.name.sasl_plaintext.plain.sasl.server.callback.handler.class": SAS_HANDLER,
+            f"{listener}.sasl.server.callback.handler.class": SAS_HANDLER,
             "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
             "super.users": "User:admin;User:ANONYMOUS",
+        }
+
+    def _tls_settings(self) -> dict[str, str]:
+        """The nodes' key and certificate, and the CA they check each other
+        against, as PEM files (Kafka reads PEM since 2.7)."""
+        if self.certificates is None:
+            return {}
+        return {
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(self.certificates.server),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(self.certificates.ca),
         }
 
     def _format(self, node: KafkaNode, cluster_id: str) -> None:
