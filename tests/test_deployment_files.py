@@ -1,9 +1,12 @@
-"""Static checks of docker-compose.yml and the Dockerfile.
+"""Static checks of docker-compose.yml, docker-compose.secured.yml and the Dockerfile.
 
 Docker is not needed (or available) in CI, so these tests parse the files and
 check the properties a deployment silently depends on: a KRaft-mode Kafka
-without ZooKeeper, no topic auto-creation, and every settlement service
-pointing at the broker's advertised listener with one shared connection string.
+without ZooKeeper, no topic auto-creation, every settlement service pointing
+at the broker's advertised listener with one shared connection string, every
+KAFKA_* variable turned into the broker setting meant (by the apache/kafka
+image's own rule), the secured profile as secured as the tests' Kafka, health
+checks, and a base image that has the Java the Dockerfile installs.
 """
 
 from __future__ import annotations
@@ -16,7 +19,14 @@ from typing import Any
 import pytest
 import yaml
 
-from settlement.testing.apache_kafka import BROKER_SETTINGS, KAFKA_VERSION, replication_settings
+from settlement.testing.apache_kafka import (
+    BROKER_SETTINGS,
+    KAFKA_VERSION,
+    KafkaCluster,
+    KafkaNode,
+    replication_settings,
+)
+from settlement.testing.tls import CertificateFiles
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -231,14 +241,120 @@ def test_dashboard_reads_the_monitors_sink_volume(services: dict[str, dict[str, 
     assert any(str(p).endswith(f":{port}") for p in services["dashboard"]["ports"])
 
 
-def test_dockerfile_installs_java_17_and_the_package() -> None:
+#: The JRE package each Debian release of the python images has
+#: (packages.debian.org): bookworm (12) has 17, trixie (13) only 21. A
+#: ``python:3.11-slim`` without a release follows Debian's newest, so the
+#: Dockerfile must name its release.
+DEBIAN_JRE = {"bookworm": "openjdk-17-jre-headless", "trixie": "openjdk-21-jre-headless"}
+
+
+def test_dockerfile_pins_a_debian_release_that_has_its_java() -> None:
     assert DOCKERFILE.is_file(), "Dockerfile is missing"
     text = DOCKERFILE.read_text()
-    assert re.search(r"^FROM python:3\.11-slim\b", text, re.MULTILINE)
+    base = re.search(r"^FROM python:3\.11-slim-(\w+)\s*$", text, re.MULTILINE)
+    assert base, "the base image must name its Debian release (python:3.11-slim-RELEASE)"
+    assert base.group(1) in DEBIAN_JRE, f"unknown Debian release {base.group(1)!r}"
     install = re.search(r"apt-get install[^\n]*(\\\n[^\n]*)*", text)
-    assert install and "openjdk-17-jre-headless" in install.group(0)
+    assert install, "the Dockerfile installs no packages"
+    jres = set(re.findall(r"openjdk-\d+-jre-headless", install.group(0)))
+    assert jres == {DEBIAN_JRE[base.group(1)]}, (base.group(1), jres)
     assert re.search(r"pip install[^\n]*\s\.(\s|$)", text)
     assert _dockerfile_entrypoint() == ["settlement"]
+
+
+#: What the apache/kafka image leaves out of the broker's settings
+#: (docker/resources/common-scripts/kafka-propertiesSpec.json "excludes").
+IMAGE_EXCLUDES = {"KAFKA_VERSION", "KAFKA_HEAP_OPT", "KAFKA_LOG4J_OPTS", "KAFKA_OPTS",
+                  "KAFKA_JMX_OPTS", "KAFKA_JVM_PERFORMANCE_OPTS", "KAFKA_GC_LOG_OPTS",
+                  "KAFKA_LOG4J_ROOT_LOGLEVEL", "KAFKA_LOG4J_LOGGERS",
+                  "KAFKA_TOOLS_LOG4J_LOGLEVEL"}
+
+
+def image_setting(variable: str) -> str:
+    """The broker setting the apache/kafka image makes of ``KAFKA_...``
+    (docker/resources/ub ConvertKey): a single ``_`` between two other
+    characters becomes ``.``, then ``___`` becomes ``-`` and ``__`` ``_``,
+    all in lower case."""
+    key = re.sub(r"[^_]_[^_]", lambda m: m.group(0).replace("_", "."),
+                 variable.removeprefix("KAFKA_"))
+    return key.replace("___", "-").replace("__", "_").lower()
+
+
+def broker_settings(env: dict[str, str]) -> dict[str, str]:
+    return {image_setting(k): v for k, v in env.items()
+            if k.startswith("KAFKA_") and k not in IMAGE_EXCLUDES}
+
+
+def _any_listener(setting: str) -> str:
+    return re.sub(r"^listener\.name\.[a-z0-9_-]+\.", "listener.name.*.", setting)
+
+
+def kafka_of_the_tests(users: bool, tls: bool) -> dict[str, str]:
+    """The server.properties of the tests' Kafka, one node (not started)."""
+    cluster = KafkaCluster(users={"admin": "a"} if users else None, tls=tls)
+    node = KafkaNode(1, 9092, 9093, Path("/kafka"))
+    cluster.nodes = [node]
+    if tls:
+        cluster.certificates = CertificateFiles(Path("/ca.pem"), Path("/server.pem"))
+    return cluster.server_properties(node)
+
+
+def test_the_image_rule_turns_variables_into_settings() -> None:
+    assert image_setting("KAFKA_LISTENER_NAME_INTERNAL_PLAIN_SASL_JAAS_CONFIG") == (
+        "listener.name.internal.plain.sasl.jaas.config")
+    # the variable that named no listener: sasl.plaintext is not sasl_plaintext
+    assert image_setting("KAFKA_LISTENER_NAME_SASL_PLAINTEXT_PLAIN_SASL_JAAS_CONFIG") == (
+        "listener.name.sasl.plaintext.plain.sasl.jaas.config")
+    assert image_setting("KAFKA_LISTENER_NAME_SASL__SSL_PLAIN_SASL_JAAS_CONFIG") == (
+        "listener.name.sasl_ssl.plain.sasl.jaas.config")
+
+
+@pytest.mark.parametrize("profile", ["plain", "secured"])
+def test_every_kafka_variable_is_a_setting_of_the_tests_kafka(
+        profile: str, services: dict[str, dict[str, Any]],
+        secured_services: dict[str, dict[str, Any]]) -> None:
+    """Each KAFKA_* variable, as the image reads it, is a setting the tests'
+    Kafka also has (so it is spelled right and means what it says), and a
+    listener-scoped one names a listener the broker has."""
+    _, kafka = _kafka(services if profile == "plain" else secured_services)
+    settings = broker_settings(_env(kafka))
+    listeners = {name.lower() for name in _listeners(settings["listeners"])}
+    known = {_any_listener(k) for users, tls in ((False, False), (True, True))
+             for k in kafka_of_the_tests(users, tls)}
+    for setting in settings:
+        scoped = re.match(r"listener\.name\.([^.]+)\.", setting)
+        assert scoped is None or scoped.group(1) in listeners, (
+            f"{setting} is for listener {scoped.group(1) if scoped else ''!r}, "
+            f"not one of {sorted(listeners)}")
+        assert _any_listener(setting) in known, f"{setting} is no setting of the tests' Kafka"
+
+
+def test_kafka_is_reachable_from_the_host_on_its_own_listener(
+        services: dict[str, dict[str, Any]]) -> None:
+    _, kafka = _kafka(services)
+    advertised = _listeners(_env(kafka)["KAFKA_ADVERTISED_LISTENERS"])
+    host = [address for address in advertised.values() if address.startswith("localhost:")]
+    assert len(host) == 1, advertised
+    port = host[0].rpartition(":")[2]
+    assert f"{port}:{port}" in [str(p) for p in kafka["ports"]]
+
+
+def _health_url(service: dict[str, Any]) -> str:
+    test = service["healthcheck"]["test"]
+    found = re.search(r"http://127\.0\.0\.1:(\d+)/\S*?(?=['\"])", " ".join(test))
+    assert found, f"no HTTP probe in {test}"
+    return found.group(0)
+
+
+def test_workers_and_the_dashboard_have_health_checks(
+        services: dict[str, dict[str, Any]]) -> None:
+    for name, argv in _workers(services).items():
+        port = _option(argv, "--web-port")
+        assert port, f"{name} serves no health probe (--web-port)"
+        assert _health_url(services[name]) == f"http://127.0.0.1:{port}/"
+    dashboard = _argv(services["dashboard"])
+    assert _health_url(services["dashboard"]) == (
+        f"http://127.0.0.1:{_option(dashboard, '--port')}/metrics.json")
 
 
 SECURED = ROOT / "docker-compose.secured.yml"
@@ -264,22 +380,39 @@ def _jaas_users(jaas: str) -> dict[str, str]:
     return dict(re.findall(r'user_([A-Za-z0-9_-]+)="([^"]*)"', jaas))
 
 
-def test_secured_profile_authenticates_and_authorizes(
+def test_secured_profile_is_tls_with_sas_credentials_everywhere(
         secured_services: dict[str, dict[str, Any]]) -> None:
     _, kafka = _kafka(secured_services)
     assert kafka["image"] == f"apache/kafka:{KAFKA_VERSION}"
-    env = _env(kafka)
-    assert env["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer")
-    assert set(_listeners(env["KAFKA_ADVERTISED_LISTENERS"])) == {"SASL_PLAINTEXT"}
-    assert "User:admin" in env["KAFKA_SUPER_USERS"].split(";")
-    users = _jaas_users(env["KAFKA_LISTENER_NAME_SASL_PLAINTEXT_PLAIN_SASL_JAAS_CONFIG"])
-    assert {"admin", "engine"} <= set(users)
+    settings = broker_settings(_env(kafka))
+    assert settings["authorizer.class.name"].endswith("StandardAuthorizer")
+    assert settings["super.users"] == "User:admin", "nobody but admin is a super user"
+    protocols = dict(item.split(":") for item in
+                     settings["listener.security.protocol.map"].split(","))
+    advertised = _listeners(settings["advertised.listeners"])
+    assert {protocols[name] for name in advertised} == {"SASL_SSL"}
+    assert protocols[settings["controller.listener.names"]] == "SASL_PLAINTEXT"
+    # every secured setting of the tests' Kafka is here too
+    ours = kafka_of_the_tests(users=True, tls=True)
+    plain = kafka_of_the_tests(users=False, tls=False)
+    secured = {_any_listener(k) for k in ours if k not in plain}
+    assert secured <= {_any_listener(k) for k in settings}, secured - {
+        _any_listener(k) for k in settings}
+    users = _jaas_users(settings["listener.name.internal.plain.sasl.jaas.config"])
+    assert {"admin", "engine", "app"} <= set(users)
     for name, svc in secured_services.items():  # every service that talks to Kafka
         if _option(_argv(svc), "--connection-string") is None and name != "acls":
             continue
         conn = _connection_string_fields(_env(svc)["SETTLEMENT_CONNECTION_STRING"])
+        assert conn["Endpoint"] == f"kafkas://{advertised['INTERNAL']}", name
         user = conn.get("SharedAccessKeyName")
         assert user in users and conn["SharedAccessKey"] == users[user], name
+        ca_dir = conn["CaFile"].rpartition("/")[0]
+        assert f"certs:{ca_dir}:ro" in svc["volumes"], f"{name} cannot read {conn['CaFile']}"
+    assert "certs:/etc/kafka/secrets:ro" in kafka["volumes"]
+    assert settings["ssl.keystore.location"].startswith("/etc/kafka/secrets/")
+    certificates = " ".join(_as_argv(secured_services["certificates"]["command"]))
+    assert "settlement certificates --out /certs --host kafka --host localhost" in certificates
     for name in _workers(secured_services):
         worker = secured_services[name]
         conn = _connection_string_fields(_option(_argv(worker), "--connection-string") or "")

@@ -34,6 +34,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -63,6 +64,7 @@ from settlement.message import PropertyValue, ServiceBusMessage, ServiceBusRecei
 from settlement.receiver import ServiceBusReceiveMode, ServiceBusReceiver, ServiceBusSubQueue
 from settlement.sender import ServiceBusSender
 from settlement.testing.apache_kafka import KAFKA_VERSION
+from settlement.testing.tls import make_certificates
 from spark import cli as spark_cli
 from streams.worker import run_worker
 from topics import names, rights
@@ -134,6 +136,19 @@ def build_parser() -> argparse.ArgumentParser:
                             "cluster (kept in its data directory); prints 'ca: PATH' for "
                             "clients' Endpoint=kafkas://...;CaFile=PATH")
     kafka.set_defaults(handler=cmd_kafka)
+
+    certificates = commands.add_parser(
+        "certificates", parents=[common],
+        help="make a private CA and a TLS certificate for Kafka's listeners",
+        description="Write ca.pem (the CA clients trust: CaFile=PATH) and server.pem (the "
+                    "brokers' PKCS#8 key and certificate chain, for ssl.keystore.type=PEM) "
+                    "into a directory; files already there are kept. The secured compose "
+                    "profile runs this once.")
+    certificates.add_argument("--out", required=True, help="the directory to write them to")
+    certificates.add_argument("--host", action="append", required=True,
+                              help="a host name or IP address the brokers are reached by "
+                                   "(repeat for each)")
+    certificates.set_defaults(handler=cmd_certificates)
 
     worker = commands.add_parser(
         "worker", parents=[common], help="run an engine worker (Faust) for a namespace",
@@ -360,6 +375,13 @@ def cmd_broker(args: argparse.Namespace) -> int:
                              "everything in memory")
         return run_tansu("127.0.0.1", args.port)
     return run_kafka(args.port, 1, args.data_dir or BROKER_DATA_DIR, KAFKA_VERSION)
+
+
+def cmd_certificates(args: argparse.Namespace) -> int:
+    files = make_certificates(Path(args.out), args.host)
+    print(f"ca: {files.ca}")
+    print(f"server: {files.server}")
+    return 0
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:

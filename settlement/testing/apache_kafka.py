@@ -335,20 +335,21 @@ class KafkaCluster:
         (self.data_dir / "log4j2.properties").write_text(_LOG4J)
         return str(layout["cluster_id"])
 
-    def _write_config(self, node: KafkaNode) -> None:
+    def server_properties(self, node: KafkaNode) -> dict[str, str]:
+        """The ``server.properties`` of ``node``."""
         voters = ",".join(f"{n.node_id}@{_HOST}:{n.controller_port}" for n in self.nodes)
         # The client listener (which the nodes also use between them) is
-        # named after its protocol; the controller listener stays plaintext
-        # on loopback.
+        # named after its protocol; the controller listener stays on loopback.
         protocol = self.protocol
-        config = {
+        controller = "SASL_PLAINTEXT" if self.users is not None else "PLAINTEXT"
+        return {
             "process.roles": "broker,controller",
             "node.id": str(node.node_id),
             "controller.quorum.voters": voters,
             "listeners": f"{protocol}://{_HOST}:{node.port},CONTROLLER://{_HOST}:"
                          f"{node.controller_port}",
             "advertised.listeners": f"{protocol}://{_HOST}:{node.port}",
-            "listener.security.protocol.map": f"{protocol}:{protocol},CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": f"{protocol}:{protocol},CONTROLLER:{controller}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": protocol,
             "log.dirs": str(node.directory / "data"),
@@ -357,27 +358,33 @@ class KafkaCluster:
             **self._secured_settings(protocol),
             **self._tls_settings(),
         }
+
+    def _write_config(self, node: KafkaNode) -> None:
         node.directory.mkdir(parents=True, exist_ok=True)
         (node.directory / "server.properties").write_text(
-            "".join(f"{key}={value}\n" for key, value in config.items()))
+            "".join(f"{key}={value}\n" for key, value in self.server_properties(node).items()))
 
     def _secured_settings(self, protocol: str) -> dict[str, str]:
-        """SASL/PLAIN on the client listener, and ACLs enforced. The controller
-        listener stays plaintext on loopback (its principal, ANONYMOUS, is a
-        super user so that nodes can talk to the quorum)."""
+        """SASL/PLAIN on every listener, and ACLs enforced. The nodes sign in
+        to each other and to the quorum as ``admin``, the only super user
+        (an unauthenticated connection is nobody's)."""
         if self.users is None:
             return {}
+        admin = f'username="admin" password="{self.users["admin"]}"'
         accounts = " ".join(f'user_{name}="{password}"' for name, password in self.users.items())
+        login = "org.apache.kafka.common.security.plain.PlainLoginModule required"
         listener = f"listener.name.{protocol.lower()}.plain"
         return {
             "sasl.enabled.mechanisms": "PLAIN",
             "sasl.mechanism.inter.broker.protocol": "PLAIN",
-            f"{listener}.sasl.jaas.config":
-                "org.apache.kafka.common.security.plain.PlainLoginModule required "
-                f'username="admin" password="{self.users["admin"]}" {accounts};',
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            f"{listener}.sasl.jaas.config": f"{login} {admin} {accounts};",
             f"{listener}.sasl.server.callback.handler.class": SAS_HANDLER,
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.controller.plain.sasl.jaas.config":
+                f'{login} {admin} user_admin="{self.users["admin"]}";',
             "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-            "super.users": "User:admin;User:ANONYMOUS",
+            "super.users": "User:admin",
         }
 
     def _tls_settings(self) -> dict[str, str]:
