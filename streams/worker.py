@@ -24,8 +24,7 @@ def run_worker(connection_string: str, data_dir: str | Path = "data/engine",
         os.environ["SETTLEMENT_WEB_PORT"] = str(web_port)
     # Imported here, not at the top: Faust and the engine (RocksDB) are heavy and only
     # a worker needs them, and streams.app reads the environment set above on import.
-    import faust
-
     from streams.engine import app
+    from streams.engine_worker import EngineWorker
 
-    faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+    EngineWorker(app, loglevel=loglevel, quiet=True).execute_from_commandline()

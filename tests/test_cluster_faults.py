@@ -2,12 +2,20 @@
 ``kill -9`` of the node leading a queue's partition under load, then the whole
 cluster stopped and started again on its data.
 
-The test starts its own cluster and engine; the session's broker is not used.
+The cluster is the one a developer runs, ``settlement kafka --brokers 3``: the
+command must keep the two other nodes running when one dies, say so, and
+start the dead one again on its data. The test starts its own cluster and
+engine; the session's broker is not used.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -19,7 +27,6 @@ import pytest
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from settlement.exceptions import ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
-from settlement.testing.apache_kafka import KafkaCluster
 from spark.audit import run_audit
 from streams.process import EngineProcess
 from tests.helpers import receive_exactly
@@ -94,10 +101,65 @@ class Load:
             thread.join(timeout=120)
 
 
-def _leader(cluster: KafkaCluster, topic: str) -> int:
+class KafkaCommand:
+    """``settlement kafka --brokers 3`` in a child process, its output read
+    line by line: the nodes' pids, the bootstrap servers, what it reports."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.lines: list[str] = []
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> KafkaCommand:
+        self.lines = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "settlement.cli", "kafka", "--brokers", "3", "--port", "0",
+             "--data-dir", str(self.data_dir)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+        self.wait_for(r"^bootstrap: ", 180)
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip())
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if found := re.search(pattern, line):
+                    return found
+            assert self.running, "settlement kafka ended:\n" + "\n".join(self.lines[-30:])
+            time.sleep(0.1)
+        raise AssertionError(f"no line matching {pattern!r} in {timeout} s: {self.lines[-10:]}")
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def bootstrap(self) -> str:
+        return self.wait_for(r"^bootstrap: (\S+)", 1).group(1)
+
+    def pid(self, node_id: int) -> int:
+        """The node's pid, as last reported (at start, or started again)."""
+        pids = [int(m.group(1)) for line in self.lines if (m := re.search(
+            rf"^node {node_id}(?::| started again:) pid (\d+)", line))]
+        return pids[-1]
+
+    def stop(self) -> None:
+        if self.running:
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(90)
+
+
+def _leader(bootstrap: str, topic: str) -> int:
     from confluent_kafka.admin import AdminClient
 
-    metadata = AdminClient({"bootstrap.servers": cluster.bootstrap}).list_topics(topic, timeout=10)
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
     return int(metadata.topics[topic].partitions[0].leader)
 
 
@@ -122,8 +184,8 @@ def _overlapping_locks(locks: list[tuple[int, int, float, float]],
 
 def test_leader_killed_under_load_then_whole_cluster_restarted(
         tmp_path: Path, spark: Any) -> None:
-    cluster = KafkaCluster(brokers=3, data_dir=tmp_path / "kafka").start()
-    conn = cluster.connection_string(f"faults{uuid.uuid4().hex[:6]}")
+    cluster = KafkaCommand(tmp_path / "kafka").start()
+    conn = f"Endpoint=kafka://{cluster.bootstrap};Namespace=faults{uuid.uuid4().hex[:6]}"
     engine = EngineProcess(conn, tmp_path / "engine").start()
     admin = ServiceBusAdministrationClient.from_connection_string(conn)
     client = ServiceBusClient.from_connection_string(conn)
@@ -133,8 +195,8 @@ def test_leader_killed_under_load_then_whole_cluster_restarted(
         load = Load(client, "work")
         load.start()
         load.wait_until_completed(TOTAL // 4, 120)
-        victim = _leader(cluster, topic)
-        cluster.kill_node(victim)
+        victim = _leader(cluster.bootstrap, topic)
+        os.kill(cluster.pid(victim), signal.SIGKILL)
         killed_at = time.monotonic()
         load.wait_until_completed(TOTAL, 240)
         load.stop()
@@ -148,7 +210,11 @@ def test_leader_killed_under_load_then_whole_cluster_restarted(
         assert sends_after and min(sends_after) - killed_at < RECOVERY_S, "sends stalled"
         assert completions_after and min(completions_after) - killed_at < RECOVERY_S, (
             f"settlements stalled; errors: {load.errors[-5:]}")
-        assert _leader(cluster, topic) != victim
+        assert _leader(cluster.bootstrap, topic) != victim
+        # the command said so, kept running, and started the node again on its data
+        cluster.wait_for(rf"^node {victim} exited", 10)
+        cluster.wait_for(rf"^node {victim} started again: pid \d+", 30)
+        assert cluster.running
         sent_ids = {mid for mid, _ in load.sent}
         assert len(sent_ids) == TOTAL
         completed_ids = [mid for mid, _, _ in load.completed]
@@ -159,7 +225,6 @@ def test_leader_killed_under_load_then_whole_cluster_restarted(
         assert report.ok and report.messages >= TOTAL - 1, report.summary()
 
         # Leave work behind: active, deferred and dead-lettered messages.
-        cluster.start_node(victim)
         with client.get_queue_sender("work") as sender:
             sender.send_messages([ServiceBusMessage(f"r{i}", message_id=f"r{i}")
                                   for i in range(9)])

@@ -34,6 +34,8 @@ import dataclasses
 import logging
 import re
 import ssl
+import threading
+import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -62,7 +64,55 @@ TLS_PROTOCOLS = frozenset({"SSL", "SASL_SSL"})
 #: librdkafka's ``ssl.ca.location`` for "the system's CAs": it looks in the
 #: usual places, since its bundled OpenSSL may not know this system's
 SYSTEM_CAS = "probe"
+#: what Kafka clients' log lines say when no broker answers
+_UNREACHABLE = re.compile(
+    r"Unable (to )?connect|Unable to update metadata|Connect call failed|Connection refused|"
+    r"NodeNotReady|brokers are down|Broker transport failure|Failed fetch messages|"
+    r"KafkaConnectionError|Disconnected|Connection reset|Timed out|RequestTimedOut|"
+    r"NotLeader|LeaderNotAvailable|Coordinator|Heartbeat", re.IGNORECASE)
+
+
+class WaitingForKafka(logging.Filter):
+    """At most one line a second about unreachable brokers.
+
+    While no broker answers, every Kafka client logs each failed connection
+    and metadata request: tens of lines a second from one client, a hundred
+    from an engine worker. This lets one through a second, saying what it
+    waits for and how many lines like it were left out; other lines pass.
+    ``loggers``: the names (prefixes) of the loggers whose lines it looks at."""
+
+    def __init__(self, loggers: tuple[str, ...], every_s: float = 1.0) -> None:
+        super().__init__()
+        self._loggers = loggers
+        self._every_s = every_s
+        self._last = 0.0
+        self._left_out = 0
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self._loggers) or record.levelno < logging.WARNING:
+            return True
+        message = record.getMessage()
+        if not _UNREACHABLE.search(message):
+            return True
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last < self._every_s:
+                self._left_out += 1
+                return False
+            left_out, self._left_out, self._last = self._left_out, 0, now
+        if getattr(record, "waiting_for_kafka", False):  # said so by another filter
+            return True
+        record.waiting_for_kafka = True
+        record.msg = "waiting for Kafka: %s (%d more lines like it left out)"
+        record.args = (message.strip()[:300], left_out)
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info = record.exc_text = None
+        return True
+
+
 _LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
+_LIBRDKAFKA_LOG.addFilter(WaitingForKafka(("librdkafka",)))
 _HOSTPORT = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
 
 
