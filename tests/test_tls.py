@@ -144,13 +144,15 @@ def test_a_client_that_does_not_trust_the_ca_is_told_at_once(
     assert time.monotonic() - started < 10
 
 
-def test_settlement_kafka_tls_prints_its_ca(tmp_path: Path) -> None:
+def test_settlement_kafka_tls_prints_its_ca_and_serves_tls_alone(tmp_path: Path) -> None:
     """``settlement kafka --tls`` prints ``ca: PATH`` beside ``bootstrap:``;
-    a TLS client trusting that CA gets the broker's metadata."""
+    over its TLS listener alone (``SSL``, no credentials) the engine and a
+    client trusting that CA serve a queue."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "settlement.cli", "kafka", "--port", "0", "--tls",
          "--data-dir", str(tmp_path / "kafka")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    engine: EngineProcess | None = None
     try:
         assert proc.stdout is not None
         lines: dict[str, str] = {}
@@ -160,10 +162,19 @@ def test_settlement_kafka_tls_prints_its_ca(tmp_path: Path) -> None:
             key, _, value = line.strip().partition(": ")
             lines[key] = value
         assert Path(lines["ca"]) == tmp_path / "kafka" / "tls" / "ca.pem"
-        settings = parse_connection_string(
-            f"Endpoint=kafkas://{lines['bootstrap']};Namespace=probe;CaFile={lines['ca']}")
-        metadata = AdminClient(settings.kafka_config()).list_topics(timeout=30)
-        assert len(metadata.brokers) == 1
+        conn = f"Endpoint=kafkas://{lines['bootstrap']};Namespace=plain;CaFile={lines['ca']}"
+        assert parse_connection_string(conn).security["security.protocol"] == "SSL"
+        engine = EngineProcess(conn, tmp_path / "engine").start()
+        with ServiceBusAdministrationClient.from_connection_string(conn) as admin:
+            admin.create_queue("q", lock_duration=30)
+        with ServiceBusClient.from_connection_string(conn) as client:
+            client.get_queue_sender("q").send_messages(ServiceBusMessage("tls", message_id="t"))
+            with client.get_queue_receiver("q") as receiver:
+                got = receiver.receive_messages(1, max_wait_time=30)
+                assert [m.message_id for m in got] == ["t"]
+                receiver.complete_message(got[0])
     finally:
+        if engine is not None:
+            engine.stop()
         proc.terminate()
         proc.wait(60)
