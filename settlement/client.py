@@ -146,6 +146,7 @@ class ServiceBusClient:
         errors (as the SDK's); ``max_in_flight`` bounds its unacknowledged
         records."""
         refuse("get_queue_sender", kwargs)
+        self._check_entity_path(queue_name, "queue")
         return self._sender(queue_name, max_in_flight, client_identifier, topic=False)
 
     def get_topic_sender(self, topic_name: str, *, client_identifier: str | None = None,
@@ -153,7 +154,26 @@ class ServiceBusClient:
         """A sender to ``topic_name``: each message is stored once, in the
         topic's log, and delivered to every subscription whose rules match."""
         refuse("get_topic_sender", kwargs)
+        self._check_entity_path(topic_name, "topic")
         return self._sender(topic_name, max_in_flight, client_identifier, topic=True)
+
+    def _check_entity_path(self, name: str, kind: str) -> None:
+        """An entity-level connection string (``EntityPath=``) is for its
+        entity only, as in the SDK."""
+        entity = self.settings.entity_path
+        if entity is not None and name != entity:
+            raise ValueError(  # the SDK's words
+                f"The {kind} name provided does not match the EntityPath in the connection "
+                f"string passed to the ServiceBusClient constructor: {entity}.")
+
+    def _check_receiver_path(self, path: str) -> None:
+        """:meth:`_check_entity_path` of ``get_queue_receiver``'s path (a
+        queue, its dead letters, or a subscription: its topic's)."""
+        name = parse_entity_path(path)[0]
+        if names.SUBSCRIPTIONS in name:
+            self._check_entity_path(names.split_subscription_path(name)[0], "topic")
+        else:
+            self._check_entity_path(name, "queue")
 
     def _sender(self, name: str, max_in_flight: int, client_identifier: str | None, *,
                 topic: bool) -> ServiceBusSender:
@@ -185,8 +205,9 @@ class ServiceBusClient:
         refuse("get_queue_receiver", kwargs)
         options = ReceiverOptions(session_id, sub_queue, receive_mode, max_wait_time,
                                   auto_lock_renewer, prefetch_count, client_identifier)
-        self._sign_in()
+        self._check_receiver_path(queue_name)
         name, is_dead_letter = parse_entity_path(queue_name)
+        self._sign_in()
         if is_dead_letter:
             options.sub_queue = ServiceBusSubQueue.DEAD_LETTER
         if names.SUBSCRIPTIONS in name:
@@ -208,6 +229,7 @@ class ServiceBusClient:
         """A receiver of one subscription of ``topic_name`` (or of its
         dead-letter sub-queue), with every feature of a queue receiver."""
         refuse("get_subscription_receiver", kwargs)
+        self._check_entity_path(topic_name, "topic")
         options = ReceiverOptions(session_id, sub_queue, receive_mode, max_wait_time,
                                   auto_lock_renewer, prefetch_count, client_identifier)
         self._sign_in()

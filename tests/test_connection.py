@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 import trustme
 
-from settlement import ServiceBusClient
+from settlement import ServiceBusClient, aio
 from settlement.exceptions import MessagingEntityNotFoundError, ServiceBusConnectionError
 from settlement.management import ServiceBusAdministrationClient
 from tests.helpers import Broker
@@ -47,6 +48,39 @@ def test_kafkas_endpoints_connect_with_tls_trusting_the_ca_file_or_the_system(
         assert context is not None and context.check_hostname
     else:
         assert context is None
+
+
+def test_an_entity_level_connection_string_is_for_its_entity_only() -> None:
+    """``EntityPath=`` as in a connection string copied from a Service Bus
+    queue's or topic's shared access policy: the client opens that entity
+    only, refusing another with the SDK's ValueError (before connecting)."""
+    conn = "Endpoint=kafka://127.0.0.1:9;Namespace=shop;EntityPath=orders"
+    settings = parse_connection_string(conn)
+    assert settings.entity_path == "orders"
+    assert parse_connection_string(settings.to_string()) == settings
+    client = ServiceBusClient.from_connection_string(conn)
+    for opens in (lambda: client.get_queue_sender("payments"),
+                  lambda: client.get_queue_receiver("payments"),
+                  lambda: client.get_topic_sender("payments"),
+                  lambda: client.get_subscription_receiver("payments", "all"),
+                  lambda: client.get_queue_receiver("payments/subscriptions/all")):
+        with pytest.raises(ValueError, match="does not match the EntityPath .*: orders"):
+            opens()
+    client.close()
+    aio_client = aio.ServiceBusClient.from_connection_string(conn)
+    for aio_opens in (lambda: aio_client.get_queue_sender("payments"),
+                      lambda: aio_client.get_queue_receiver("payments"),
+                      lambda: aio_client.get_subscription_receiver("payments", "all")):
+        with pytest.raises(ValueError, match="does not match the EntityPath"):
+            aio_opens()
+    aio_client.get_queue_sender("orders")  # its own entity: made (it connects on first use)
+    asyncio.run(aio_client.close())
+
+
+def test_a_missing_namespace_is_named() -> None:
+    with pytest.raises(ConnectionStringError, match="no Namespace: add ';Namespace=NAME'"):
+        parse_connection_string("Endpoint=kafka://127.0.0.1:9092;SharedAccessKeyName=a;"
+                                "SharedAccessKey=k")
 
 
 def test_a_ca_file_that_is_not_there_is_named() -> None:

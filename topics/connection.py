@@ -8,6 +8,9 @@ CA, such as the one ``settlement kafka --tls`` makes). Optional keys:
 
 * ``CaFile``: the PEM file of the CA that signed the brokers' certificates
   (``kafkas://`` only).
+* ``EntityPath``: the one queue or topic the string is for, as in a Service
+  Bus entity-level connection string: a client made from it opens senders
+  and receivers of that entity only.
 * ``SharedAccessKeyName`` and ``SharedAccessKey`` (the Service Bus names) are
   the SASL user name and password; the mechanism is then PLAIN and the
   protocol SASL_PLAINTEXT (SASL_SSL with ``kafkas://``) unless the string
@@ -43,7 +46,7 @@ from typing import Any
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 
 from topics import broker_profile
-from topics.names import validate_namespace
+from topics.names import validate_entity, validate_namespace
 
 _SECURITY_KEYS = {
     "securityprotocol": "security.protocol",
@@ -127,6 +130,8 @@ class ConnectionSettings:
     bootstrap_servers: str
     namespace: str
     security: dict[str, str] = field(default_factory=dict)
+    #: the entity an entity-level connection string names (``EntityPath``)
+    entity_path: str | None = None
 
     @property
     def tls(self) -> bool:
@@ -214,6 +219,8 @@ class ConnectionSettings:
         parts = [f"Endpoint={scheme}://{self.bootstrap_servers}", f"Namespace={self.namespace}"]
         parts += [f"{_KEY_NAMES[k]}={v}" for k, v in self.security.items()
                   if (k, v) != ("ssl.ca.location", SYSTEM_CAS)]
+        if self.entity_path is not None:
+            parts.append(f"EntityPath={self.entity_path}")
         return ";".join(parts)
 
 
@@ -241,7 +248,14 @@ def parse_connection_string(conn_str: str) -> ConnectionSettings:
     if not hosts or bad:
         raise ConnectionStringError(f"Endpoint needs HOST:PORT pairs, got {bad or endpoint!r}")
     namespace = values.pop("namespace", "")
+    if not namespace:
+        raise ConnectionStringError(
+            "the connection string has no Namespace: add ';Namespace=NAME' (the namespace's "
+            "topics on the brokers are named after it)")
     validate_namespace(namespace)
+    entity_path = values.pop("entitypath", None)
+    if entity_path is not None:
+        validate_entity(entity_path)
     if values.pop("fetchmaxwaitms", None) is not None:
         logging.getLogger(__name__).info(
             "FetchMaxWaitMs in the connection string is ignored: the broker's fetch "
@@ -257,7 +271,8 @@ def parse_connection_string(conn_str: str) -> ConnectionSettings:
     if values:
         raise ConnectionStringError(f"unknown connection string keys: {sorted(values)}")
     return ConnectionSettings(",".join(hosts), namespace,
-                              _with_protocol(security, tls=scheme.lower() == "kafkas"))
+                              _with_protocol(security, tls=scheme.lower() == "kafkas"),
+                              entity_path)
 
 
 def _with_protocol(security: dict[str, str], *, tls: bool) -> dict[str, str]:

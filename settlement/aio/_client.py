@@ -47,21 +47,25 @@ class ServiceBusClient:
         return self._sync.fully_qualified_namespace
 
     def get_queue_sender(self, queue_name: str, **kwargs: Any) -> ServiceBusSender:
+        self._sync._check_entity_path(queue_name, "queue")  # at once, as the SDK's
         return ServiceBusSender(
             functools.partial(self._sync.get_queue_sender, queue_name, **kwargs), self._offload)
 
     def get_topic_sender(self, topic_name: str, **kwargs: Any) -> ServiceBusSender:
+        self._sync._check_entity_path(topic_name, "topic")
         return ServiceBusSender(
             functools.partial(self._sync.get_topic_sender, topic_name, **kwargs), self._offload)
 
     def get_queue_receiver(self, queue_name: str, **kwargs: Any) -> ServiceBusReceiver:
         """An asyncio receiver; the keywords are
         :meth:`settlement.ServiceBusClient.get_queue_receiver`'s."""
+        self._sync._check_receiver_path(queue_name)
         return self._receiver(functools.partial(self._sync.get_queue_receiver, queue_name),
                               kwargs)
 
     def get_subscription_receiver(self, topic_name: str, subscription_name: str,
                                   **kwargs: Any) -> ServiceBusReceiver:
+        self._sync._check_entity_path(topic_name, "topic")
         return self._receiver(functools.partial(self._sync.get_subscription_receiver,
                                                 topic_name, subscription_name), kwargs)
 
