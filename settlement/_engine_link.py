@@ -108,14 +108,14 @@ class EngineLink:
         end = self._reply_end(tp)
         self._consumer.assign([TopicPartition(reply_topic, self.reply_partition, end)])
         self._waiting: dict[str, Future[Reply]] = {}
-        #: command id -> when Kafka appended it (ms), for the settlements
-        #: that may be final once appended
-        self._appended: dict[str, int] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._read_replies, name="engine-replies",
-                                        daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._read_replies, name="engine-replies", daemon=True),
+            threading.Thread(target=self._serve_deliveries, name="engine-deliveries",
+                             daemon=True)]
+        for thread in self._threads:
+            thread.start()
 
     def _reply_end(self, tp: TopicPartition) -> int:
         """The end of this client's reply partition. A namespace created a
@@ -182,20 +182,18 @@ class EngineLink:
         if call_deadline is not None:
             deadline = min(deadline, call_deadline)
         may_be_final = final_before_ms is not None
-        futures = [(c, self._send(_quiet(c) if may_be_final else c, appended=may_be_final))
-                   for c in cmds]
-        self._producer.flush(max(0.0, deadline - time.monotonic()))
+        sent = [(c, self._send(_quiet(c) if may_be_final else c)) for c in cmds]
         error: ServiceBusError | None = None
-        for cmd, fut in futures:
-            if final_before_ms is not None:
-                if self._final(cmd, final_before_ms):
-                    replies[cmd.id] = _all_ok(cmd)
-                    continue
-                # Appended too late to be final by itself: the same id again,
-                # answered (the engine answers a repeated id as it did the first).
-                fut = self._send(cmd)
-                self._producer.flush(max(0.0, deadline - time.monotonic()))
+        for cmd, (fut, appended) in sent:
             try:
+                if final_before_ms is not None:
+                    if _final(appended.result(max(0.0, deadline - time.monotonic())),
+                              final_before_ms):
+                        replies[cmd.id] = _all_ok(cmd)
+                        continue
+                    # Appended too late to be final by itself: the same id again,
+                    # answered (the engine answers a repeated id as it did the first).
+                    fut, _ = self._send(cmd)
                 reply = fut.result(max(0.0, deadline - time.monotonic()))
             except FutureTimeout:
                 continue
@@ -205,7 +203,6 @@ class EngineLink:
             finally:
                 with self._lock:
                     self._waiting.pop(cmd.id, None)
-                    self._appended.pop(cmd.id, None)
             if reply.ok or reply.error_code != ErrorCode.SERVER_BUSY:
                 replies[cmd.id] = reply
                 continue
@@ -238,9 +235,8 @@ class EngineLink:
 
         wait = self.attempt_timeout if timeout is None else timeout
         self._produce(cmd, delivered)
-        self._producer.flush(wait)
         try:
-            appended.result(0)
+            appended.result(wait)
         except FutureTimeout:
             raise OperationTimeoutError(
                 f"Kafka did not take {cmd.op} on {cmd.window_key} within {wait:.3g} s: "
@@ -256,23 +252,15 @@ class EngineLink:
                      ", ".join(sorted(entities)))
             time.sleep(pause)
 
-    def _final(self, cmd: Command[ClientArgs], final_before_ms: int) -> bool:
-        """Whether Kafka appended ``cmd`` early enough to be final (and then
-        its answer is not waited for)."""
-        with self._lock:
-            appended = self._appended.pop(cmd.id, None)
-            if appended is None or appended >= final_before_ms - CLOCK_STEP_BOUND_MS:
-                return False
-            self._waiting.pop(cmd.id, None)
-        return True
-
-    def _send(self, cmd: Command[ClientArgs], *, appended: bool = False) -> Future[Reply]:
-        """Produce ``cmd``; ``appended``: note when Kafka appended it."""
+    def _send(self, cmd: Command[ClientArgs]) -> tuple[Future[Reply], Future[int | None]]:
+        """Produce ``cmd``: the futures of its answer and of its append (when
+        Kafka stamped it, ms; None if the broker keeps the producer's time)."""
         fut: Future[Reply] = Future()
+        appended: Future[int | None] = Future()
         with self._lock:
             self._waiting[cmd.id] = fut
         self._produce(cmd, lambda err, msg: self._delivered(cmd.id, err, msg, appended))
-        return fut
+        return fut, appended
 
     def _produce(self, cmd: Command[ClientArgs],
                  delivered: Callable[[KafkaError | None, Message], None]) -> None:
@@ -284,26 +272,32 @@ class EngineLink:
                     partition=command_partition(cmd.window_key, self._engine_partitions),
                     on_delivery=delivered)
                 break
-            except BufferError:
-                self._producer.poll(0.1)
-        self._producer.poll(0)
+            except BufferError:  # the delivery thread makes room
+                time.sleep(0.01)
 
     def _delivered(self, cmd_id: str, err: KafkaError | None, msg: Message,
-                   appended: bool) -> None:
-        """Note when Kafka appended the command (if asked to, and Kafka
-        stamped it), or fail the command's call if it could not be sent."""
+                   appended: Future[int | None]) -> None:
+        """Note when Kafka appended the command, or fail the command's call
+        if it could not be sent."""
         if err is None:
             kind, stamp = msg.timestamp()
-            if appended and kind == TIMESTAMP_LOG_APPEND_TIME:
-                with self._lock:
-                    if cmd_id in self._waiting:  # not given up on meanwhile
-                        self._appended[cmd_id] = stamp
+            appended.set_result(stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None)
             return
+        failed = ServiceBusCommunicationError(
+            f"could not send a command to the engine: {err.str()}")
+        appended.set_exception(failed)
         with self._lock:
             fut = self._waiting.pop(cmd_id, None)
         if fut is not None and not fut.done():
-            fut.set_exception(ServiceBusCommunicationError(
-                f"could not send a command to the engine: {err.str()}"))
+            fut.set_exception(failed)
+
+    def _serve_deliveries(self) -> None:
+        """Run the producer's delivery callbacks as they come. Callers wait
+        for their own command's future: ``flush()`` from several threads
+        would make each wait for every other's commands too, and each of
+        its polls may sleep 10 ms on an event another thread took."""
+        while not self._closed.is_set():
+            self._producer.poll(0.05)
 
     def _read_replies(self) -> None:
         while not self._closed.is_set():
@@ -324,9 +318,16 @@ class EngineLink:
 
     def close(self) -> None:
         self._closed.set()
-        self._thread.join(timeout=5)
+        for thread in self._threads:
+            thread.join(timeout=5)
         self._consumer.close()
         self._producer.flush(5)
+
+
+def _final(appended_ms: int | None, final_before_ms: int) -> bool:
+    """Whether Kafka appended a settlement (at ``appended_ms``; None if it
+    did not stamp it) early enough to be final, its answer not waited for."""
+    return appended_ms is not None and appended_ms < final_before_ms - CLOCK_STEP_BOUND_MS
 
 
 def _quiet(cmd: Command[ClientArgs]) -> Command[ClientArgs]:
