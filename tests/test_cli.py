@@ -7,10 +7,13 @@ the topic tests use it as the topic's name).
 
 from __future__ import annotations
 
+import datetime as dt
+import io
 import json
 
 import pytest
 
+from settlement import ServiceBusClient, ServiceBusMessage
 from settlement.cli import build_parser, main
 from settlement.cli.admin import correlation_filter, entity_options
 from settlement.cli.base import ENV_CONNECTION_STRING, UsageError
@@ -22,6 +25,7 @@ COMMANDS = [
       for command in ([], ["create"], ["list"], ["show"], ["delete"])),
     ["queue", "sessions"], ["subscription", "sessions"], ["queue", "update"],
     ["topic", "update"], ["namespace"], ["namespace", "show"], ["namespace", "set"],
+    ["peek"], ["dlq", "list"], ["dlq", "purge"],
 ]
 
 
@@ -382,7 +386,7 @@ def test_dlq_of_a_subscription_lists_and_purges_but_refuses_resubmit(
     code, _, err = run(capsys, "dlq", "resubmit", path, *cs)
     assert code == 2
     assert "has no log of its own" in err and "every subscription" in err
-    code, out, err = run(capsys, "dlq", "purge", path, *cs)
+    code, out, err = run(capsys, "dlq", "purge", path, "--yes", *cs)
     assert code == 0, err
     assert f"purged 1 dead letter(s) of {path!r}" in out
     code, out, err = run(capsys, "subscription", "show", queue_name, "s", *cs)
@@ -441,3 +445,129 @@ def test_create_options_map_to_the_administration_keywords() -> None:
     args = build_parser().parse_args(["subscription", "create", "t", "s",
                                       "--no-dead-letter-on-filter-errors"])
     assert entity_options(args) == {"dead_lettering_on_filter_evaluation_exceptions": False}
+
+
+# ------------------------------------------------------------------ for scripts
+class Terminal(io.StringIO):
+    """Standard input that is a terminal, with what the user types."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> object:
+    code, out, err = run(capsys, *argv, "--output", "json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.mark.tansu
+def test_lists_and_shows_print_json(conn: str, queue_name: str,
+                                    capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_CONNECTION_STRING, conn)
+    assert run(capsys, "queue", "create", queue_name, "--lock-duration", "5")[0] == 0
+    make_topic(capsys, conn, f"{queue_name}-t")
+    queues = run_json(capsys, "queue", "list")
+    assert isinstance(queues, list)
+    [queue] = [q for q in queues if q["name"] == queue_name]
+    assert queue["lock_duration"] == 5.0 and queue["requires_session"] is False
+    dt.datetime.fromisoformat(queue["created_at_utc"])
+    shown_queue = run_json(capsys, "queue", "show", queue_name)
+    assert isinstance(shown_queue, dict)
+    assert shown_queue["name"] == queue_name and shown_queue["active_message_count"] == 0
+    [rule] = run_json(capsys, "rule", "list", f"{queue_name}-t", "s")  # type: ignore[misc]
+    assert rule["name"] == "$Default" and rule["filter"]["sql_expression"] == "1=1"
+    assert run_json(capsys, "queue", "sessions", queue_name) == []
+    assert run_json(capsys, "subscription", "show", f"{queue_name}-t", "s")[  # type: ignore[index]
+        "rules"] == ["$Default"]
+
+
+@pytest.mark.tansu
+def test_send_reads_stdin_with_message_options_and_peek_shows_every_state(
+        conn: str, queue_name: str, client: ServiceBusClient,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_CONNECTION_STRING, conn)
+    assert run(capsys, "queue", "create", queue_name)[0] == 0
+    assert run(capsys, "send", queue_name, "defer me", "--message-id", "d")[0] == 0
+    code, out, err = run(capsys, "receive", queue_name, "--settle", "defer", "--wait", "15")
+    assert code == 0 and "id=d" in out and out.rstrip().endswith("settled=deferred"), err
+    monkeypatch.setattr("sys.stdin", io.StringIO("first line\nsecond line\n"))
+    code, out, err = run(capsys, "send", queue_name, "--message-id", "m", "--ttl", "3600",
+                         "--session-id", "cart-1", "--property", "n=3",
+                         "--property", "kind=order")
+    assert code == 0, err
+    assert "sent 2 message(s)" in out
+    later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).replace(microsecond=0)
+    code, _, err = run(capsys, "send", queue_name, "later", "--message-id", "s",
+                       "--scheduled-at", later.replace(tzinfo=None).isoformat())  # naive: UTC
+    assert code == 0, err
+    with client.get_queue_sender(queue_name) as sender:
+        sender.send_messages(ServiceBusMessage(b"\xff\x00", message_id="binary"))
+
+    peeked = run_json(capsys, "peek", queue_name, "--max", "10")
+    assert isinstance(peeked, list)
+    by_id = {m["message_id"]: m for m in peeked}
+    assert {i: m["state"] for i, m in by_id.items()} == {
+        "d": "DEFERRED", "m-0": "ACTIVE", "m-1": "ACTIVE", "s": "SCHEDULED",
+        "binary": "ACTIVE"}
+    for message_id, body in [("m-0", "first line"), ("m-1", "second line")]:
+        message = by_id[message_id]
+        assert (message["body"], message["body_encoding"]) == (body, "utf-8")
+        assert message["session_id"] == "cart-1" and message["time_to_live"] == 3600.0
+        assert message["application_properties"] == {"n": 3, "kind": "order"}
+    assert dt.datetime.fromisoformat(by_id["s"]["scheduled_enqueue_time_utc"]) == later
+    assert (by_id["binary"]["body"], by_id["binary"]["body_encoding"]) == ("/wA=", "base64")
+    assert "dead_letter_reason" not in by_id["d"]
+
+    code, out, err = run(capsys, "peek", queue_name, "--max", "10")
+    assert code == 0, err
+    states = {line.split(" id=")[1].split()[0]: line.split(" state=")[1].split()[0]
+              for line in message_lines(out)}
+    assert states == {"d": "DEFERRED", "m-0": "ACTIVE", "m-1": "ACTIVE", "s": "SCHEDULED",
+                      "binary": "ACTIVE"}
+    assert "5 message(s)" in err
+
+    received_json = run_json(capsys, "receive", queue_name, "--max", "3", "--wait", "15")
+    assert isinstance(received_json, list)
+    assert sorted(m["message_id"] for m in received_json) == ["binary", "m-0", "m-1"]
+    assert {m["settled"] for m in received_json} == {"completed"}
+    assert all(m["delivery_count"] == 0 for m in received_json)
+
+
+@pytest.mark.tansu
+def test_dlq_purge_asks_first_and_refuses_without_a_terminal_unless_yes(
+        conn: str, queue_name: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_CONNECTION_STRING, conn)
+    assert run(capsys, "queue", "create", queue_name)[0] == 0
+    assert run(capsys, "send", queue_name, "a", "b", "--message-id", "p")[0] == 0
+    code, out, err = run(capsys, "receive", queue_name, "--max", "2", "--wait", "15",
+                         "--settle", "dead-letter", "--reason", "Bad")
+    assert code == 0 and len(message_lines(out)) == 2, err
+
+    def dead_letters() -> list[object]:
+        peeked = run_json(capsys, "dlq", "list", queue_name)
+        assert isinstance(peeked, list)
+        return peeked
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))  # a pipe: nobody to ask
+    code, out, err = run(capsys, "dlq", "purge", queue_name)
+    assert code == 2 and out == ""
+    assert f"not deleting 2 dead letter(s) of {queue_name!r}" in err and "--yes" in err
+    monkeypatch.setattr("sys.stdin", Terminal("n\n"))
+    code, _, err = run(capsys, "dlq", "purge", queue_name)
+    assert code == 1
+    assert f"Delete 2 dead letters of {queue_name!r}? [y/N]" in err and "nothing deleted" in err
+    assert len(dead_letters()) == 2
+    assert {m["dead_letter_reason"] for m in dead_letters()} == {"Bad"}  # type: ignore[index]
+
+    monkeypatch.setattr("sys.stdin", Terminal("y\n"))
+    code, out, err = run(capsys, "dlq", "purge", queue_name)
+    assert code == 0 and "purged 2 dead letter(s)" in out, err
+    assert dead_letters() == []
+    assert run(capsys, "send", queue_name, "c")[0] == 0
+    assert run(capsys, "receive", queue_name, "--wait", "15", "--settle", "dead-letter")[0] == 0
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    code, out, err = run(capsys, "dlq", "purge", queue_name, "--yes")
+    assert code == 0 and "purged 1 dead letter(s)" in out, err

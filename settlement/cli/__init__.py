@@ -3,8 +3,9 @@
 :mod:`settlement.cli.app` builds the parser and runs a command; the command
 groups live beside it (:mod:`~settlement.cli.admin` for entities,
 :mod:`~settlement.cli.namespace`, :mod:`~settlement.cli.pair`,
-:mod:`~settlement.cli.broker`), and :mod:`~settlement.cli.base` holds what
-they all share. The client library imports none of them.
+:mod:`~settlement.cli.broker`), :mod:`~settlement.cli.base` holds what
+they all share and :mod:`~settlement.cli.output` how they print (tables or
+``--output json``). The client library imports none of them.
 """
 
 from settlement.cli.app import build_parser, main

@@ -13,17 +13,16 @@ Registered by :mod:`settlement.cli.app`; the plumbing they use (connection
 string, usage errors, command groups) is :mod:`settlement.cli.base`.
 One table, :data:`ENTITY_OPTIONS`, serves the three ``create`` commands, so a
 setting is spelled and behaves the same wherever Service Bus has it; every
-``show`` prints ``name  value`` lines and every ``list`` a table, through the
-same printers.
+``show`` prints ``name  value`` lines and every ``list`` a table (or JSON, with
+``--output json``), through the printers of :mod:`settlement.cli.output`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from settlement.cli.base import (
@@ -34,6 +33,7 @@ from settlement.cli.base import (
     property_value,
     split_pair,
 )
+from settlement.cli.output import Column, print_fields, print_listing, show_value
 from settlement.management import (
     CorrelationRuleFilter,
     FalseRuleFilter,
@@ -45,7 +45,7 @@ from settlement.management import (
 from settlement.management._validation import as_timedeltas
 from settlement.message import PropertyValue
 from topics import names
-from topics.entities.queue import DEFAULT_DUPLICATE_WINDOW, DEFAULT_TTL
+from topics.entities.queue import DEFAULT_DUPLICATE_WINDOW
 from topics.rule_set import CORRELATION_FIELDS, DEFAULT_RULE
 from topics.rules import SqlSyntaxError
 
@@ -129,8 +129,6 @@ COUNT_FIELDS = ("active_message_count", "dead_letter_message_count", "deferred_m
                 "locked_message_count", "scheduled_message_count",
                 "transfer_dead_letter_message_count", "total_message_count")
 
-#: A ``list`` column: its header and the attribute (or function) of its value.
-Column = tuple[str, str | Callable[[Any], object]]
 #: What ``queue sessions`` and ``subscription sessions`` print per session.
 SESSION_COLUMNS: list[Column] = [
     ("SESSION", "session_id"), ("ACTIVE", "active_message_count"),
@@ -302,7 +300,8 @@ def cmd_queue_list(args: argparse.Namespace) -> int:
         queues = admin.list_queues()
     print_listing("queues", queues, [
         ("NAME", "name"), ("PARTITIONS", "partition_count"), ("LOCK", "lock_duration"),
-        ("MAX DELIVERIES", "max_delivery_count"), ("CREATED (UTC)", "created_at_utc")])
+        ("MAX DELIVERIES", "max_delivery_count"), ("CREATED (UTC)", "created_at_utc")],
+                  args.output)
     return 0
 
 
@@ -311,7 +310,7 @@ def cmd_queue_show(args: argparse.Namespace) -> int:
         props = admin.get_queue(args.name)
         runtime = admin.get_queue_runtime_properties(args.name)
     print_fields(fields_of(props, QUEUE_FIELDS)
-                 + fields_of(runtime, [*COUNT_FIELDS, "size_in_bytes"]))
+                 + fields_of(runtime, [*COUNT_FIELDS, "size_in_bytes"]), args.output)
     return 0
 
 
@@ -325,7 +324,7 @@ def cmd_queue_delete(args: argparse.Namespace) -> int:
 def cmd_queue_sessions(args: argparse.Namespace) -> int:
     with admin_client(args) as admin:
         sessions = admin.list_queue_sessions_runtime_properties(args.name)
-    print_listing(f"sessions in queue {args.name!r}", sessions, SESSION_COLUMNS)
+    print_listing(f"sessions in queue {args.name!r}", sessions, SESSION_COLUMNS, args.output)
     return 0
 
 
@@ -350,7 +349,7 @@ def cmd_topic_list(args: argparse.Namespace) -> int:
         ("NAME", "name"), ("PARTITIONS", "partition_count"),
         ("DEFAULT TTL", "default_message_time_to_live"),
         ("DUPLICATE DETECTION", "requires_duplicate_detection"),
-        ("CREATED (UTC)", "created_at_utc")])
+        ("CREATED (UTC)", "created_at_utc")], args.output)
     return 0
 
 
@@ -361,7 +360,8 @@ def cmd_topic_show(args: argparse.Namespace) -> int:
         runtime = admin.get_topic_runtime_properties(args.name)
     print_fields(fields_of(props, TOPIC_FIELDS)
                  + [("subscriptions", [s.name for s in subscriptions])]
-                 + fields_of(runtime, ["subscription_count", "scheduled_message_count"]))
+                 + fields_of(runtime, ["subscription_count", "scheduled_message_count"]),
+                 args.output)
     return 0
 
 
@@ -387,7 +387,7 @@ def cmd_subscription_list(args: argparse.Namespace) -> int:
         subscriptions = admin.list_subscriptions(args.topic)
     print_listing(f"subscriptions of topic {args.topic!r}", subscriptions, [
         ("NAME", "name"), ("LOCK", "lock_duration"), ("MAX DELIVERIES", "max_delivery_count"),
-        ("FORWARD TO", "forward_to"), ("CREATED (UTC)", "created_at_utc")])
+        ("FORWARD TO", "forward_to"), ("CREATED (UTC)", "created_at_utc")], args.output)
     return 0
 
 
@@ -397,7 +397,8 @@ def cmd_subscription_show(args: argparse.Namespace) -> int:
         rules = admin.list_rules(args.topic, args.name)
         runtime = admin.get_subscription_runtime_properties(args.topic, args.name)
     print_fields([("path", props.path), *fields_of(props, SUBSCRIPTION_FIELDS),
-                  ("rules", [r.name for r in rules]), *fields_of(runtime, COUNT_FIELDS)])
+                  ("rules", [r.name for r in rules]), *fields_of(runtime, COUNT_FIELDS)],
+                 args.output)
     return 0
 
 
@@ -414,7 +415,7 @@ def cmd_subscription_sessions(args: argparse.Namespace) -> int:
         sessions = admin.list_subscription_sessions_runtime_properties(args.topic, args.name)
     print_listing(f"sessions in subscription "
                   f"{names.subscription_path(args.topic, args.name)!r}", sessions,
-                  SESSION_COLUMNS)
+                  SESSION_COLUMNS, args.output)
     return 0
 
 
@@ -446,7 +447,8 @@ def cmd_rule_list(args: argparse.Namespace) -> int:
         rules = admin.list_rules(args.topic, args.sub)
     print_listing(f"rules: {names.subscription_path(args.topic, args.sub)!r} receives nothing",
                   rules, [("NAME", "name"), ("FILTER", lambda r: filter_text(r.filter)),
-                          ("ACTION", lambda r: r.action and r.action.sql_expression)])
+                          ("ACTION", lambda r: r.action and r.action.sql_expression)],
+                  args.output)
     return 0
 
 
@@ -457,7 +459,7 @@ def cmd_rule_show(args: argparse.Namespace) -> int:
                   ("subscription", names.subscription_path(args.topic, args.sub)),
                   ("filter", filter_text(rule.filter)),
                   ("action", rule.action and rule.action.sql_expression),
-                  ("created_at_utc", rule.created_at_utc)])
+                  ("created_at_utc", rule.created_at_utc)], args.output)
     return 0
 
 
@@ -538,20 +540,6 @@ def sql_error_text(exc: SqlSyntaxError, rule: str, action: str | None) -> str:
             f"    {line}\n    {' ' * (exc.column - 1)}^")
 
 
-def show_value(value: object) -> str:
-    """One value as ``show`` and ``create`` print it: durations in seconds
-    (or ``never``), times in ISO 8601, lists joined, nothing as ``-``."""
-    if value is None:
-        return "-"
-    if isinstance(value, dt.timedelta):
-        return "never" if value >= DEFAULT_TTL else f"{value.total_seconds():g}s"
-    if isinstance(value, dt.datetime):
-        return value.isoformat()
-    if isinstance(value, list | tuple):
-        return ", ".join(map(show_value, value)) or "-"
-    return str(value)
-
-
 def settings_text(props: object, *fields: str) -> str:
     """``name=value, ...`` of ``props``, for the line a ``create`` prints."""
     return ", ".join(f"{name}={show_value(getattr(props, name))}" for name in fields)
@@ -559,34 +547,3 @@ def settings_text(props: object, *fields: str) -> str:
 
 def fields_of(obj: object, fields: Sequence[str]) -> list[tuple[str, object]]:
     return [(name, getattr(obj, name)) for name in fields]
-
-
-def print_fields(fields: list[tuple[str, object]]) -> None:
-    """``name  value`` lines, values aligned: what the ``show`` commands print."""
-    width = max(len(name) for name, _ in fields)
-    for name, value in fields:
-        print(f"{name:<{width}}  {show_value(value)}")
-
-
-def print_listing(what: str, items: Sequence[Any], columns: Sequence[Column]) -> None:
-    """A table of ``items`` (times to the second), or ``no WHAT`` on stderr."""
-    if not items:
-        print(f"no {what}", file=sys.stderr)
-        return
-
-    def cell(item: Any, source: str | Callable[[Any], object]) -> str:
-        value = source(item) if callable(source) else getattr(item, source)
-        if isinstance(value, dt.datetime):
-            return value.strftime("%Y-%m-%d %H:%M:%S")
-        return show_value(value)
-
-    print(format_table([header for header, _ in columns],
-                       [[cell(item, source) for _, source in columns] for item in items]))
-
-
-def format_table(headers: list[str], rows: list[list[str]]) -> str:
-    """Plain left-aligned columns with a header rule."""
-    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=True)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in [headers, ["-" * w for w in widths], *rows]]
-    return "\n".join(lines)

@@ -12,8 +12,11 @@ Every command that talks to a namespace takes ``--connection-string`` (or the
     export SETTLEMENT_CONNECTION_STRING="Endpoint=kafka://127.0.0.1:9092;Namespace=dev"
     settlement queue create orders --lock-duration 30 --max-delivery-count 5
     settlement send orders '{"id": 1}' --property kind=order
-    settlement receive orders --max 10 --settle complete
+    seq 1000 | settlement send orders --ttl 3600 --session-id s1   # bodies from stdin
+    settlement receive orders --max 10 --settle complete --output json
+    settlement peek orders --max 50        # active, deferred and scheduled, unlocked
     settlement dlq orders
+    settlement dlq purge orders --yes
     settlement topic create sales
     settlement subscription create sales eu
     settlement rule create sales eu in-eu --sql "region = 'eu'"
@@ -22,14 +25,14 @@ Every command that talks to a namespace takes ``--connection-string`` (or the
     settlement receive sales/subscriptions/eu --max 10
 
 Exit codes: 0 success, 1 some settlement failed (e.g. a lock was lost),
-2 usage or service error (printed as ``error: ...`` on stderr).
+2 usage or service error (printed as ``error: ...`` on stderr). Every list,
+show, peek and receive takes ``--output json`` (:mod:`settlement.cli.output`).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -52,11 +55,13 @@ from settlement.cli.base import (
     UsageError,
     add_command,
     add_group,
+    admin_client,
     connection_string,
     property_value,
     split_pair,
 )
 from settlement.cli.broker import run_kafka, run_tansu
+from settlement.cli.output import add_output_option, print_messages
 from settlement.client import ServiceBusClient
 from settlement.dead_letters import purge_dead_letters, resubmit_dead_letters
 from settlement.exceptions import MessagingEntityNotFoundError, ServiceBusError
@@ -76,11 +81,9 @@ log = logging.getLogger(__name__)
 
 #: Where ``settlement broker`` keeps its data unless told (like ``worker``'s ``data/engine``).
 BROKER_DATA_DIR = "data/broker"
-#: Characters of a body shown by ``receive`` and ``dlq``.
-BODY_WIDTH = 60
 #: After the first messages arrive, how long a receive keeps draining for more.
 DRAIN_WAIT_S = 0.5
-#: Messages per ``send_messages`` call when ``send --count`` repeats bodies.
+#: Messages per ``send_messages`` call.
 SEND_CHUNK = 500
 #: ``--settle`` choice -> (receiver action, what the output says was done).
 SETTLE_ACTIONS = {
@@ -166,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     namespace_cli.add_commands(commands, common)
     _add_send(commands, common)
     _add_receive(commands, common)
+    _add_peek(commands, common)
 
     _add_dlq_commands(commands, common)
     _add_acl(commands, common)
@@ -196,11 +200,11 @@ def _add_dlq_commands(commands: Any, common: argparse.ArgumentParser) -> None:
                     "Work with the dead-letter sub-queue of a queue or of a subscription "
                     "(TOPIC/subscriptions/SUB). 'settlement dlq ENTITY' is "
                     "'settlement dlq list ENTITY'.")
-    listing = add_command(sub, common, "list", cmd_dlq, "show dead letters (peek)",
+    listing = add_command(sub, common, "list", cmd_peek, "show dead letters (peek)",
                           "Show the dead letters of ENTITY without locking or settling "
-                          "them.", "ENTITY")
-    listing.add_argument("--max", type=int, default=100, metavar="N",
-                         help="at most this many (default: 100)")
+                          "them: 'settlement peek ENTITY --dead-letter'.", "ENTITY")
+    _add_peek_options(listing, default_max=100)
+    listing.set_defaults(dead_letter=True)
     resubmit = add_command(
         sub, common, "resubmit", cmd_dlq_resubmit, "send dead letters back to their queue",
         "Send dead letters back to QUEUE (same body, id and properties; dead-letter fields "
@@ -211,8 +215,11 @@ def _add_dlq_commands(commands: Any, common: argparse.ArgumentParser) -> None:
                           help="only messages enqueued at or after TIME (ISO 8601, UTC)")
     resubmit.add_argument("--limit", type=int, default=None, metavar="N",
                           help="at most this many")
-    add_command(sub, common, "purge", cmd_dlq_purge, "delete every dead letter",
-                "Complete (remove) every dead letter of ENTITY.", "ENTITY")
+    purge = add_command(sub, common, "purge", cmd_dlq_purge, "delete every dead letter",
+                        "Complete (remove) every dead letter of ENTITY, after asking "
+                        "'Delete N dead letters of ENTITY? [y/N]' on the terminal. Without "
+                        "a terminal (a script, a pipe) it deletes only with --yes.", "ENTITY")
+    purge.add_argument("--yes", action="store_true", help="delete without asking")
 
 
 def _add_common(parser: argparse.ArgumentParser, *, top_level: bool) -> None:
@@ -232,12 +239,21 @@ def _add_send(commands: Any, common: argparse.ArgumentParser) -> None:
     send = commands.add_parser(
         "send", parents=[common], help="send messages to a queue or a topic",
         description="Send each BODY (as UTF-8 text) to the queue or topic NAME, --count "
-                    "times over. A topic stores each message once and delivers it to every "
+                    "times over; without BODY (or with '-'), each line of standard input "
+                    "is a body. A topic stores each message once and delivers it to every "
                     "subscription whose rules select it.")
     send.add_argument("entity", metavar="NAME")
-    send.add_argument("body", metavar="BODY", nargs="+")
+    send.add_argument("body", metavar="BODY", nargs="*",
+                      help="message bodies (default: the lines of standard input)")
     send.add_argument("--message-id", default=None, metavar="ID",
                       help="message id; with more than one message, ID-0, ID-1, ...")
+    send.add_argument("--ttl", type=float, default=None, metavar="SECONDS",
+                      help="time_to_live of every message, in seconds (default: the "
+                           "entity's default_message_time_to_live)")
+    send.add_argument("--scheduled-at", type=_utc_time, default=None, metavar="TIME",
+                      help="scheduled_enqueue_time_utc: the messages stay invisible until "
+                           "TIME (ISO 8601, e.g. 2026-12-01T08:00:00+01:00; without an "
+                           "offset, UTC)")
     send.add_argument("--property", action="append", default=[], metavar="KEY=VALUE",
                       help="application property (repeatable); VALUE is read as a JSON "
                            "number, true/false/null when it is one, else as text")
@@ -276,7 +292,30 @@ def _add_receive(commands: Any, common: argparse.ArgumentParser) -> None:
     receive.add_argument("--session", default=None, metavar="ID",
                          help="on a session-enabled entity: the session to receive from, or "
                               "'next' for the next available one")
+    add_output_option(receive)
     receive.set_defaults(handler=cmd_receive)
+
+
+def _add_peek(commands: Any, common: argparse.ArgumentParser) -> None:
+    peek = commands.add_parser(
+        "peek", parents=[common], help="show messages without locking them",
+        description="Show the messages of a queue or a subscription (TOPIC/subscriptions/"
+                    "SUB), active, deferred and scheduled, each with its state, without "
+                    "locking, settling or counting a delivery; with --dead-letter, its dead "
+                    "letters.")
+    peek.add_argument("entity", metavar="ENTITY")
+    _add_peek_options(peek, default_max=10)
+    add_output_option(peek)
+    peek.add_argument("--dead-letter", action="store_true",
+                      help="the dead-letter sub-queue of ENTITY (as 'settlement dlq list')")
+    peek.set_defaults(handler=cmd_peek)
+
+
+def _add_peek_options(parser: argparse.ArgumentParser, *, default_max: int) -> None:
+    parser.add_argument("--max", type=int, default=default_max, metavar="N",
+                        help=f"at most this many (default: {default_max})")
+    parser.add_argument("--from-sequence", type=int, default=0, metavar="N",
+                        help="start at sequence number N (default: the first)")
 
 
 # ----------------------------------------------------------------------------- main
@@ -417,10 +456,13 @@ def cmd_acl(args: argparse.Namespace) -> int:
 def cmd_send(args: argparse.Namespace) -> int:
     if args.count < 1:
         raise UsageError(f"--count must be at least 1, got {args.count}")
+    if args.ttl is not None and args.ttl <= 0:
+        raise UsageError(f"--ttl must be more than 0 seconds, got {args.ttl:g}")
     properties = _parse_properties(args.property)
-    total = len(args.body) * args.count
+    bodies = _bodies(args.body)
+    total = len(bodies) * args.count
     messages = (_message_to_send(body, i, total, args, properties)
-                for i, body in enumerate(args.body * args.count))
+                for i, body in enumerate(bodies * args.count))
     kind = _sendable_kind(args, args.entity)
     with _client(args) as client, _sender(client, kind, args.entity) as sender, \
             tqdm(total=total, unit="msg", disable=total <= 100, file=sys.stderr) as bar:
@@ -436,6 +478,30 @@ def cmd_send(args: argparse.Namespace) -> int:
             bar.update(len(chunk))
     print(f"sent {total} message(s) to {kind} {args.entity!r}")
     return 0
+
+
+def _bodies(given: list[str]) -> list[str]:
+    """The BODY arguments, or with none (or '-') the lines of standard input,
+    each without its line ending (an empty line is an empty body)."""
+    if given not in ([], ["-"]):
+        if "-" in given:
+            raise UsageError("'-' (read bodies from standard input) cannot be mixed with "
+                             "BODY arguments: give either")
+        return given
+    if sys.stdin.isatty():
+        print("reading message bodies from standard input, one per line (end with Ctrl-D)",
+              file=sys.stderr)
+    return [line.removesuffix("\n") for line in sys.stdin]
+
+
+def _utc_time(text: str) -> dt.datetime:
+    """An ISO 8601 time as an aware datetime; one without an offset is UTC."""
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time such as 2026-12-01T08:00:00Z, got {text!r}") from None
+    return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
 
 
 def _sendable_kind(args: argparse.Namespace, name: str) -> str:
@@ -473,26 +539,24 @@ def cmd_receive(args: argparse.Namespace) -> int:
             max_wait_time=args.wait) as receiver:
         messages = receive_up_to(receiver, args.max, args.wait)
         outcomes = _settle_all(receiver, messages, settle, args.reason, args.description)
-    for message, outcome in zip(messages, outcomes, strict=True):
-        print(f"seq={message.sequence_number} delivery={message.delivery_count} "
-              f"id={message.message_id} body={_body(message)} "
-              f"properties={_properties_text(message)} settled={outcome}")
+    print_messages(messages, args.output, outcomes)
     print(f"received {len(messages)} message(s) from {receiver.entity_path!r}", file=sys.stderr)
     return 1 if any(o.startswith("failed") for o in outcomes) else 0
 
 
-def cmd_dlq(args: argparse.Namespace) -> int:
+def cmd_peek(args: argparse.Namespace) -> int:
+    """``peek`` and ``dlq list``: the SDK's ``peek_messages``, which locks nothing."""
     if args.max < 1:
         raise UsageError(f"--max must be at least 1, got {args.max}")
+    if args.from_sequence < 0:
+        raise UsageError(f"--from-sequence must not be negative, got {args.from_sequence}")
+    sub_queue = ServiceBusSubQueue.DEAD_LETTER if args.dead_letter else None
     with _client(args) as client, _not_a_topic(args, args.entity), client.get_queue_receiver(
-            args.entity, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
-        messages = receiver.peek_messages(args.max)
-    for message in messages:
-        print(f"seq={message.sequence_number} reason={message.dead_letter_reason} "
-              f"description={message.dead_letter_error_description} "
-              f"id={message.message_id} body={_body(message)}")
-    print(f"{len(messages)} dead-lettered message(s) in {args.entity!r} (left in place)",
-          file=sys.stderr)
+            args.entity, sub_queue=sub_queue) as receiver:
+        messages = receiver.peek_messages(args.max, sequence_number=args.from_sequence)
+    print_messages(messages, args.output)
+    what = "dead-lettered message(s)" if args.dead_letter else "message(s)"
+    print(f"{len(messages)} {what} in {args.entity!r} (left in place)", file=sys.stderr)
     return 0
 
 
@@ -507,11 +571,34 @@ def cmd_dlq_resubmit(args: argparse.Namespace) -> int:
 
 
 def cmd_dlq_purge(args: argparse.Namespace) -> int:
+    if not args.yes:
+        with _not_a_topic(args, args.entity):
+            count = _dead_letter_count(args, args.entity)
+        if count and not sys.stdin.isatty():
+            raise UsageError(f"not deleting {count} dead letter(s) of {args.entity!r} unasked, "
+                             "and standard input is not a terminal to ask on: pass --yes")
+        if count and not _yes(f"Delete {count} dead letters of {args.entity!r}?"):
+            print("nothing deleted", file=sys.stderr)
+            return 1
     with _client(args) as client, _not_a_topic(args, args.entity), \
             tqdm(unit="msg", desc="purged", disable=None) as bar:
         count = purge_dead_letters(client, args.entity, on_progress=bar.update)
     print(f"purged {count} dead letter(s) of {args.entity!r}")
     return 0
+
+
+def _dead_letter_count(args: argparse.Namespace, entity: str) -> int:
+    with admin_client(args) as admin:
+        if names.SUBSCRIPTIONS in entity:
+            topic, subscription = names.split_subscription_path(entity)
+            return admin.get_subscription_runtime_properties(
+                topic, subscription).dead_letter_message_count
+        return admin.get_queue_runtime_properties(entity).dead_letter_message_count
+
+
+def _yes(question: str) -> bool:
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 # -------------------------------------------------------------------------- helpers
@@ -574,20 +661,9 @@ def _message_to_send(body: str, index: int, total: int, args: argparse.Namespace
     message_id = args.message_id
     if message_id is not None and total > 1:
         message_id = f"{message_id}-{index}"
+    time_to_live = None if args.ttl is None else dt.timedelta(seconds=args.ttl)
     return ServiceBusMessage(body, message_id=message_id, subject=args.subject,
                              correlation_id=args.correlation_id, session_id=args.session_id,
-                             application_properties=dict(properties))
-
-
-def _body(message: ServiceBusReceivedMessage) -> str:
-    text = str(message)
-    if len(text) > BODY_WIDTH:
-        text = text[:BODY_WIDTH - 3] + "..."
-    return repr(text)
-
-
-def _properties_text(message: ServiceBusReceivedMessage) -> str:
-    """The application properties as compact JSON (a rule's action shows here)."""
-    return json.dumps(message.application_properties or {}, separators=(",", ":"),
-                      sort_keys=True, default=str)
-
+                             application_properties=dict(properties),
+                             time_to_live=time_to_live,
+                             scheduled_enqueue_time_utc=args.scheduled_at)

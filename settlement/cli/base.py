@@ -13,10 +13,13 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from settlement.cli.output import add_output_option
 from settlement.management import ServiceBusAdministrationClient
 from settlement.message import PropertyValue
 
 ENV_CONNECTION_STRING = "SETTLEMENT_CONNECTION_STRING"
+#: Sub-commands that print what they found, so take ``--output table|json``.
+OUTPUT_COMMANDS = ("list", "show", "sessions")
 
 
 class UsageError(ValueError):
@@ -34,10 +37,13 @@ def add_group(commands: Any, common: argparse.ArgumentParser, name: str, summary
 def add_command(sub: Any, common: argparse.ArgumentParser, name: str,
                 handler: Callable[[argparse.Namespace], int], summary: str, description: str,
                 *positionals: str) -> argparse.ArgumentParser:
-    """A sub-command of a group; each positional's dest is its metavar in lower case."""
+    """A sub-command of a group; each positional's dest is its metavar in lower case.
+    Those of :data:`OUTPUT_COMMANDS` take ``--output``."""
     parser = sub.add_parser(name, parents=[common], help=summary, description=description)
     for metavar in positionals:
         parser.add_argument(metavar.lower(), metavar=metavar)
+    if name in OUTPUT_COMMANDS:
+        add_output_option(parser)
     parser.set_defaults(handler=handler)
     return parser
 

@@ -5,7 +5,7 @@ limit of engine commands per second::
     settlement namespace show
     settlement namespace set --max-commands-per-second none
 
-Apart from :mod:`settlement.cli.admin` (entities), with its printers.
+Apart from :mod:`settlement.cli.admin` (entities).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from settlement.cli.admin import print_fields
 from settlement.cli.base import add_command, add_group, admin_client
+from settlement.cli.output import add_output_option, print_fields
 from settlement.management import NamespaceProperties
 
 
@@ -33,6 +33,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     change.add_argument("--max-commands-per-second", dest="max_commands_per_second",
                         type=_limit, required=True, metavar="N|none",
                         help="commands per second, or 'none' for no limit")
+    add_output_option(change)
 
 
 def _limit(text: str) -> int | None:
@@ -47,18 +48,18 @@ def _limit(text: str) -> int | None:
 
 def cmd_namespace_show(args: argparse.Namespace) -> int:
     with admin_client(args) as admin:
-        _print(admin.get_namespace_properties())
+        _print(admin.get_namespace_properties(), args.output)
     return 0
 
 
 def cmd_namespace_set(args: argparse.Namespace) -> int:
     with admin_client(args) as admin:
         _print(admin.update_namespace_properties(
-            max_commands_per_second=args.max_commands_per_second))
+            max_commands_per_second=args.max_commands_per_second), args.output)
     return 0
 
 
-def _print(props: NamespaceProperties) -> None:
+def _print(props: NamespaceProperties, output: str) -> None:
     print_fields([("name", props.name),
                   ("max_commands_per_second", props.max_commands_per_second or "none"),
-                  ("updated_at_utc", props.updated_at_utc)])
+                  ("updated_at_utc", props.updated_at_utc)], output)

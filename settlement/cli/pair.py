@@ -12,7 +12,7 @@ namespace's name and is not connected to, so the command answers while the
 primary is away, which is when it is wanted.
 
 Apart from :mod:`settlement.cli.app`, which registers it, with the printers of
-:mod:`settlement.cli.admin`.
+:mod:`settlement.cli.output`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from settlement.cli.admin import Column, format_table, print_listing
 from settlement.cli.base import UsageError, add_command, add_group
+from settlement.cli.output import Column, format_table, print_listing
 from settlement.management import ServiceBusAdministrationClient
 from settlement.pairing import backlog_queue_names, read_status
 from topics import names

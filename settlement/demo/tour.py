@@ -61,7 +61,7 @@ from settlement import (
     ServiceBusReceiver,
     ServiceBusSubQueue,
 )
-from settlement.cli.admin import format_table
+from settlement.cli.output import format_table
 from settlement.cli.pair import print_status
 from settlement.exceptions import (
     MessageLockLostError,
