@@ -121,4 +121,9 @@ entries = app.Table("entries", default=None, key_type=bytes, value_type=bytes,
 assert (headers.name, entries.name) == specs.ENGINE_TABLES
 #: every record the engine writes (tables' changelogs, events, states,
 #: replies) goes through this one sender, in order (streams.record_sender)
-records = RecordSender(app)
+records = RecordSender(settings.kafka_config())
+
+
+@app.on_before_shutdown.connect
+async def _close_records(sender: object, /, *_: object, **__: object) -> None:
+    records.close()

@@ -573,11 +573,11 @@ async def _settled(key: bytes) -> None:
         await asyncio.gather(unsettled.sent, return_exceptions=True)
 
 
-def _publish(outbox: list[dict[str, Any]]) -> list[asyncio.Future[None]]:
+def _publish(outbox: list[dict[str, Any]]) -> list[asyncio.Future[Any]]:
     """Send the outbox, in order; each future resolves once Kafka
     acknowledged its record (until then the window's next commit record
     carries it again)."""
-    sent: list[asyncio.Future[None]] = []
+    sent: list[asyncio.Future[Any]] = []
     for record in outbox:
         topic = events_topic if is_event(record) else state_topic
         key = record_key(record)

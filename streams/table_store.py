@@ -53,7 +53,7 @@ class TableStore:
 
     def write(self, key: bytes, value: bytes | None) -> asyncio.Future:
         """Store locally and send to the changelog; the future resolves once
-        Kafka has acknowledged the record (None writes a tombstone)."""
+        Kafka has acknowledged the record, to its offset (None writes a tombstone)."""
         sent = self._sender.send(self._changelog.topic, key, value, self.partition)
         sent.add_done_callback(self._persisted)
         if value is None:
@@ -64,4 +64,4 @@ class TableStore:
 
     def _persisted(self, sent: asyncio.Future[Any]) -> None:
         if not sent.cancelled() and sent.exception() is None:
-            self._store.set_persisted_offset(self._changelog, sent.result().offset)
+            self._store.set_persisted_offset(self._changelog, sent.result())
