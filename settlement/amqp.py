@@ -70,7 +70,7 @@ class AmqpAnnotatedMessage:
     """A message made of AMQP sections. Give exactly one body:
     ``data_body`` (str, bytes or a list of them: data sections),
     ``value_body`` (one value: str, bytes, int, float, bool, None, uuid.UUID,
-    datetime.datetime, or lists and str-keyed maps of them) or
+    datetime.datetime, or lists and maps of them) or
     ``sequence_body`` (a list of values, or a list of such lists: sequence
     sections). ``header`` and ``properties`` may be given as mappings."""
 

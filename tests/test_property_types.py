@@ -134,6 +134,12 @@ def test_a_record_without_body_type_is_a_data_body_and_a_bad_one_is_malformed() 
         assert lenient.malformed_reason and list(lenient.body) == [value]
 
 
+def test_maps_whose_keys_json_cannot_carry_come_back() -> None:
+    value = {b"key": [-123, b"data", False], 7: {"$uuid": "a map, not a tag"}}
+    got = _through_a_record(AmqpAnnotatedMessage(value_body=value))
+    assert got.body == value
+
+
 def test_value_bodies_that_json_cannot_carry_are_refused() -> None:
     with pytest.raises(TypeError, match=r"value body\[0\] is a set"):
         encode(sendable(AmqpAnnotatedMessage(value_body=[{1}])))

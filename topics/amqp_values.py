@@ -9,7 +9,9 @@ which any JSON library reads and writes:
 * ``uuid.UUID``: ``{"$uuid": "<8-4-4-4-12 hex>"}``
 * ``datetime.datetime`` (AMQP timestamp): ``{"$timestamp": <epoch milliseconds>}``;
   a naive datetime is taken as UTC, and one read back is aware, in UTC, to
-  the millisecond (AMQP's precision).
+  the millisecond (AMQP's precision);
+* a map (in a VALUE or SEQUENCE body) with a key that is not a string, or
+  whose one key is a tag: ``{"$map": [[key, value], ...]}``.
 
 Plain JSON stays what it says, so records written before these tags, or by
 a Kafka client that writes plain JSON, read as they always did.
@@ -27,7 +29,7 @@ from typing import Any
 
 from topics.times import epoch_ms, utc_from_ms
 
-BINARY, UUID, TIMESTAMP = "$binary", "$uuid", "$timestamp"
+BINARY, UUID, TIMESTAMP, MAP = "$binary", "$uuid", "$timestamp", "$map"
 
 #: the types of an application property value, as the SDK takes them
 PROPERTY_TYPES = (str, bytes, int, float, bool, uuid.UUID, dt.datetime, type(None))
@@ -47,21 +49,19 @@ def _tagged(value: Any) -> Any:
 
 def to_json(value: Any, where: str) -> Any:
     """``value`` (scalars of :data:`PROPERTY_TYPES`, lists, tuples and maps
-    with str keys, nested) as JSON-encodable data with tagged values. Raise
+    of them, nested) as JSON-encodable data with tagged values. Raise
     TypeError naming ``where`` for anything else."""
     if isinstance(value, list | tuple):
         return [to_json(item, f"{where}[{i}]") for i, item in enumerate(value)]
     if isinstance(value, dict):
-        if not all(isinstance(key, str) for key in value):
-            raise TypeError(f"{where} is a map with keys that are not str; JSON maps "
-                            "have string keys")
-        if len(value) == 1 and next(iter(value)) in _DECODERS:
-            raise TypeError(f"{where} is a map whose single key {next(iter(value))!r} "
-                            "would read back as a tagged value; rename the key")
-        return {key: to_json(item, f"{where}[{key!r}]") for key, item in value.items()}
+        if all(isinstance(key, str) for key in value) and not (
+                len(value) == 1 and next(iter(value)) in _DECODERS):
+            return {key: to_json(item, f"{where}[{key!r}]") for key, item in value.items()}
+        return {MAP: [[to_json(key, f"{where} key {key!r}"), to_json(item, f"{where}[{key!r}]")]
+                      for key, item in value.items()]}
     if not isinstance(value, PROPERTY_TYPES + (bytearray, memoryview)):
         raise TypeError(f"{where} is a {type(value).__name__}; the values a record carries "
-                        f"are {PROPERTY_TYPE_NAMES}, and lists and str-keyed maps of them")
+                        f"are {PROPERTY_TYPE_NAMES}, and lists and maps of them")
     return _tagged(value)
 
 
@@ -75,8 +75,15 @@ def _timestamp(ms: Any) -> dt.datetime:
     return utc_from_ms(ms)
 
 
+def _map(pairs: Any) -> dict[Any, Any]:
+    if not isinstance(pairs, list) or not all(
+            isinstance(pair, list) and len(pair) == 2 for pair in pairs):
+        raise ValueError(f"{MAP} must be an array of [key, value] arrays")
+    return {from_json(key): from_json(item) for key, item in pairs}
+
+
 _DECODERS: dict[str, Callable[[Any], Any]] = {
-    BINARY: _binary, UUID: lambda text: uuid.UUID(text), TIMESTAMP: _timestamp}
+    BINARY: _binary, UUID: lambda text: uuid.UUID(text), TIMESTAMP: _timestamp, MAP: _map}
 
 
 def from_json(data: Any) -> Any:
