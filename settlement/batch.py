@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from settlement.exceptions import MessageSizeExceededError
-from settlement.message import ServiceBusMessage
+from settlement.message import Sendable, ServiceBusMessage, sendable
 from settlement.message_records import record_size
 
 
@@ -15,7 +15,8 @@ class ServiceBusMessageBatch:
         self._messages: list[ServiceBusMessage] = []
         self._size = 0
 
-    def add_message(self, message: ServiceBusMessage) -> None:
+    def add_message(self, message: Sendable) -> None:
+        message = sendable(message)
         size = record_size(message)
         if self._size + size > self.max_size_in_bytes:
             raise MessageSizeExceededError(

@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-import json
-from collections.abc import Iterator, Mapping
+import uuid
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from settlement.amqp import AmqpMessageBodyType
+from settlement.amqp import (
+    AmqpAnnotatedMessage,
+    AmqpMessageBodyType,
+    AmqpMessageHeader,
+    AmqpMessageProperties,
+)
+from topics import amqp_values
 from topics.message_record import MAX_ID_LENGTH
 from topics.sequence_numbers import split_sequence_number
+from topics.times import epoch_ms, utc_from_ms
 
-PropertyValue = str | int | float | bool | None
+#: an application property value, as the SDK takes them (they come back with their types)
+PropertyValue = str | bytes | int | float | bool | uuid.UUID | dt.datetime | None
+PARTITION_KEY_ANNOTATION = "x-opt-partition-key"
+SCHEDULED_ANNOTATION = "x-opt-scheduled-enqueue-time"
 
 
 class ServiceBusMessageState(enum.IntEnum):
@@ -26,7 +36,11 @@ class ServiceBusMessage:
 
     As in the SDK, ``body`` gives the body's sections (one, of bytes):
     ``b"".join(message.body)`` or ``next(message.body)``; ``str(message)``
-    is the text."""
+    is the text. A message sent as an :class:`AmqpAnnotatedMessage` with a
+    VALUE body gives the value, with a SEQUENCE body a generator of its
+    sections (``body_type`` says which). Application property values may be
+    of the types of :data:`PropertyValue`; a datetime is kept to the
+    millisecond and comes back in UTC."""
 
     def __init__(
         self,
@@ -50,6 +64,8 @@ class ServiceBusMessage:
         if not isinstance(body, str | bytes | bytearray | memoryview):
             raise TypeError(f"message body must be str or bytes, not {type(body).__name__}")
         self._body = body.encode() if isinstance(body, str) else bytes(body)
+        #: DATA: ``_body`` is the body; VALUE, SEQUENCE: its JSON (topics.amqp_values)
+        self._body_type = AmqpMessageBodyType.DATA
         for name, value in (("message_id", message_id), ("session_id", session_id),
                             ("partition_key", partition_key)):
             if value is not None and len(value) > MAX_ID_LENGTH:
@@ -58,12 +74,11 @@ class ServiceBusMessage:
         if session_id is not None and partition_key is not None and partition_key != session_id:
             raise ValueError("partition_key must equal session_id when both are set: a "
                              "session's messages are partitioned by its id")
-        self.application_properties = dict(application_properties or {})
-        try:
-            json.dumps(self.application_properties)
-        except (TypeError, ValueError) as exc:
-            raise TypeError("application_properties values must be str, int, float, bool "
-                            f"or None: {exc}") from None
+        self.application_properties: dict[str, Any] = dict(application_properties or {})
+        for key, prop in self.application_properties.items():
+            if not isinstance(prop, amqp_values.PROPERTY_TYPES):
+                raise TypeError(f"application property {key!r} is a {type(prop).__name__}; "
+                                f"values must be {amqp_values.PROPERTY_TYPE_NAMES}")
         self.session_id = session_id
         self.message_id = message_id
         self.scheduled_enqueue_time_utc = scheduled_enqueue_time_utc
@@ -77,16 +92,51 @@ class ServiceBusMessage:
         self.reply_to_session_id = reply_to_session_id
 
     @property
-    def body(self) -> Iterator[bytes]:
-        """The body's DATA sections, a new generator on each access (the SDK's shape)."""
-        return (section for section in (self._body,))
+    def body(self) -> Any:
+        """DATA: the body's sections, a new generator on each access (the
+        SDK's shape); VALUE: the value; SEQUENCE: a generator of the sections."""
+        value = self._body_value()
+        if self._body_type == AmqpMessageBodyType.VALUE:
+            return value
+        return (section for section in value)
 
     @property
     def body_type(self) -> AmqpMessageBodyType:
-        return AmqpMessageBodyType.DATA
+        return self._body_type
+
+    @property
+    def raw_amqp_message(self) -> AmqpAnnotatedMessage:
+        """The message as AMQP sections (those a record keeps: see
+        :mod:`settlement.amqp`), made anew on each access: changing it does
+        not change the message."""
+        properties = AmqpMessageProperties(
+            message_id=self.message_id, to=self.to, subject=self.subject,
+            reply_to=self.reply_to, correlation_id=self.correlation_id,
+            content_type=self.content_type, group_id=self.session_id,
+            reply_to_group_id=self.reply_to_session_id)
+        ttl = self.time_to_live
+        header = AmqpMessageHeader(time_to_live=None if ttl is None else ttl // _MS)
+        return AmqpAnnotatedMessage(
+            **{f"{self._body_type}_body": self._body_value()}, header=header,
+            properties=properties, application_properties=dict(self.application_properties),
+            annotations=self._annotations())
+
+    def _body_value(self) -> Any:
+        """The body as the AmqpAnnotatedMessage of its type takes it."""
+        if self._body_type == AmqpMessageBodyType.DATA:
+            return [self._body]
+        return amqp_values.loads(self._body)
+
+    def _annotations(self) -> dict[str, Any]:
+        due = self.scheduled_enqueue_time_utc
+        found = {PARTITION_KEY_ANNOTATION: self.partition_key,
+                 SCHEDULED_ANNOTATION: None if due is None else epoch_ms(due)}
+        return {key: value for key, value in found.items() if value is not None}
 
     def __str__(self) -> str:
-        return self._body.decode("utf-8", errors="replace")
+        if self._body_type == AmqpMessageBodyType.DATA:
+            return self._body.decode("utf-8", errors="replace")
+        return str(self.raw_amqp_message)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(message_id={self.message_id!r}, body={self._body[:40]!r})"
@@ -124,6 +174,7 @@ class ServiceBusReceivedMessage(ServiceBusMessage):
         # The record was checked when it was decoded: no second validation of
         # every field, which would cost more than decoding on batch receives.
         self._body = body
+        self._body_type = kwargs.get("body_type", AmqpMessageBodyType.DATA)
         for name in _SEND_FIELDS:
             setattr(self, name, kwargs.get(name))
         self.application_properties = ReceivedProperties(
@@ -148,6 +199,21 @@ class ServiceBusReceivedMessage(ServiceBusMessage):
         #: final without the engine's answer (docs/settlement-by-log.md)
         self._granted_token = self.lock_token
         self._lock_spent = False
+
+    def _annotations(self) -> dict[str, Any]:
+        received = {"x-opt-sequence-number": self.sequence_number,
+                    "x-opt-enqueued-time": self.enqueued_time_utc,
+                    "x-opt-locked-until": self.locked_until_utc}
+        return {**super()._annotations(),
+                **{key: value if isinstance(value, int) else epoch_ms(value)
+                   for key, value in received.items() if value is not None}}
+
+    @property
+    def raw_amqp_message(self) -> AmqpAnnotatedMessage:
+        message = super().raw_amqp_message
+        if message.header is not None:
+            message.header.delivery_count = self.delivery_count
+        return message
 
     @property
     def expires_at_utc(self) -> dt.datetime | None:
@@ -179,10 +245,61 @@ def copy_message(message: ServiceBusMessage,
                  extra_properties: dict[str, PropertyValue] | None = None) -> ServiceBusMessage:
     """A new message with the body, id and properties of ``message``."""
     properties = {**(message.application_properties or {}), **(extra_properties or {})}
-    return ServiceBusMessage(
-        b"".join(message.body), application_properties=properties or None,
+    copy = ServiceBusMessage(
+        message._body, application_properties=properties or None,
         session_id=message.session_id, message_id=message.message_id,
         content_type=message.content_type, correlation_id=message.correlation_id,
         subject=message.subject, partition_key=message.partition_key, to=message.to,
         reply_to=message.reply_to, reply_to_session_id=message.reply_to_session_id,
         time_to_live=message.time_to_live)
+    copy._body_type = message._body_type
+    return copy
+
+
+#: what a sender sends: the SDK's senders take both
+Sendable = ServiceBusMessage | AmqpAnnotatedMessage
+
+
+def sendable_list(messages: Sendable | Iterable[Sendable]) -> list[ServiceBusMessage]:
+    """One message or many as the ServiceBusMessages they are sent as."""
+    listed = [messages] if isinstance(messages, Sendable) else list(messages)
+    return [sendable(m) for m in listed]
+
+
+def sendable(message: Sendable) -> ServiceBusMessage:
+    """``message``, an AmqpAnnotatedMessage as the ServiceBusMessage it is
+    sent as; anything else as it is, for the sender to refuse."""
+    if not isinstance(message, AmqpAnnotatedMessage):
+        return message
+    properties = message.properties or AmqpMessageProperties()
+    annotations = {_text(key): value for key, value in (message.annotations or {}).items()}
+    ttl = message.header.time_to_live if message.header is not None else None
+    due = annotations.get(SCHEDULED_ANNOTATION)
+    converted = ServiceBusMessage(
+        b"".join(message.body) if message.body_type == AmqpMessageBodyType.DATA else b"",
+        application_properties={_text(key): value for key, value
+                                in (message.application_properties or {}).items()},
+        message_id=_text(properties.message_id), to=_text(properties.to),
+        subject=_text(properties.subject), reply_to=_text(properties.reply_to),
+        correlation_id=_text(properties.correlation_id),
+        content_type=_text(properties.content_type), session_id=_text(properties.group_id),
+        reply_to_session_id=_text(properties.reply_to_group_id),
+        partition_key=_text(annotations.get(PARTITION_KEY_ANNOTATION)),
+        time_to_live=None if ttl is None else dt.timedelta(milliseconds=ttl),
+        scheduled_enqueue_time_utc=utc_from_ms(due) if isinstance(due, int) else due)
+    if message.body_type != AmqpMessageBodyType.DATA:
+        converted._body = amqp_values.dumps(
+            message.body if message.body_type == AmqpMessageBodyType.VALUE
+            else list(message.body), f"the {message.body_type} body")
+        converted._body_type = message.body_type
+    return converted
+
+
+def _text(value: Any) -> Any:
+    """An AMQP string, symbol, binary or UUID field as the str a record holds."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return None if value is None else str(value)
+
+
+_MS = dt.timedelta(milliseconds=1)

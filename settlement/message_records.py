@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from settlement.amqp import AmqpMessageBodyType
 from settlement.exceptions import MessageSizeExceededError
 from settlement.message import (
     ServiceBusMessage,
@@ -36,7 +37,9 @@ def to_record(message: ServiceBusMessage) -> MessageRecord:
         session_id=message.session_id, partition_key=message.partition_key,
         time_to_live_ms=None if ttl is None else _ms(ttl),
         scheduled_enqueue_time_ms=None if due is None else _ms(due),
-        application_properties=message.application_properties)
+        application_properties=message.application_properties,
+        body_type=None if message.body_type == AmqpMessageBodyType.DATA
+        else message.body_type.value)
 
 
 def encode(message: ServiceBusMessage) -> Encoded:
@@ -68,6 +71,7 @@ def decode(value: bytes | None, headers: Headers, timestamp_ms: int | None,
         else dt.timedelta(milliseconds=record.time_to_live_ms),
         scheduled_enqueue_time_utc=utc_from_ms(record.scheduled_enqueue_time_ms),
         application_properties=record.application_properties, malformed_reason=malformed,
+        body_type=AmqpMessageBodyType(record.body_type or AmqpMessageBodyType.DATA),
         sequence_number=sequence_number(partition, offset),
         enqueued_time_utc=utc_from_ms(timestamp_ms), **delivery)
 

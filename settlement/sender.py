@@ -27,7 +27,7 @@ from settlement.exceptions import (
     ServiceBusError,
     denied,
 )
-from settlement.message import ServiceBusMessage
+from settlement.message import Sendable, ServiceBusMessage, sendable_list
 from topics import names
 from topics.commands import AnnounceArgs, CancelArgs
 from topics.connection import ConnectionSettings
@@ -123,9 +123,10 @@ class ServiceBusSender:
                 "max_message_size_in_kilobytes)")
         return ServiceBusMessageBatch(max_size_in_bytes or limit)
 
-    def send_messages(self, message: ServiceBusMessage | Iterable[ServiceBusMessage]
-                      | ServiceBusMessageBatch, *, timeout: float | None = None) -> None:
+    def send_messages(self, message: Sendable | Iterable[Sendable] | ServiceBusMessageBatch,
+                      *, timeout: float | None = None) -> None:
         """Send one message, a list or a batch; return when all are acknowledged.
+        A message is a ServiceBusMessage or an AmqpAnnotatedMessage.
 
         Transient failures are retried by the client's retry policy;
         ``timeout`` (seconds) bounds the whole call, retries included. Raises
@@ -136,19 +137,17 @@ class ServiceBusSender:
         """
         if isinstance(message, ServiceBusMessageBatch):
             messages = message.messages
-        elif isinstance(message, ServiceBusMessage):
-            messages = [message]
         else:
-            messages = list(message)
+            messages = sendable_list(message)
         self._send(messages, timeout=timeout, paired=True)
 
-    def schedule_messages(self, messages: ServiceBusMessage | Iterable[ServiceBusMessage],
+    def schedule_messages(self, messages: Sendable | Iterable[Sendable],
                           schedule_time_utc: dt.datetime, *, timeout: float | None = None
                           ) -> list[int]:
         """Send messages that become visible at ``schedule_time_utc``; return
         their sequence numbers (for :meth:`cancel_scheduled_messages`).
         ``timeout`` bounds the call as in :meth:`send_messages`."""
-        batch = [messages] if isinstance(messages, ServiceBusMessage) else list(messages)
+        batch = sendable_list(messages)
         for m in batch:
             m.scheduled_enqueue_time_utc = schedule_time_utc
         return [sequence_number(p, o) for p, o in self._send(batch, timeout=timeout)]
@@ -233,7 +232,8 @@ class ServiceBusSender:
                  ) -> list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]]:
         """The records of ``messages``, once they pass the entity's checks."""
         if not all(isinstance(m, ServiceBusMessage) for m in messages):
-            raise TypeError("send_messages takes ServiceBusMessage objects or a batch")
+            raise TypeError("send_messages takes ServiceBusMessage or AmqpAnnotatedMessage "
+                            "objects, or a batch")
         try:
             limit = self._check_entity()
         except MessagingEntityNotFoundError:

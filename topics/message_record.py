@@ -11,8 +11,11 @@ topic's log ``NS.topic.TOPIC`` (the same format for both):
 * headers (all optional, UTF-8): ``message-id``, ``correlation-id``,
   ``content-type``, ``subject``, ``reply-to``, ``reply-to-session-id``, ``to``,
   ``session-id``, ``partition-key``, ``time-to-live-ms`` (decimal integer),
-  ``scheduled-enqueue-time-ms`` (decimal epoch milliseconds) and
-  ``application-properties`` (a JSON object of str/int/float/bool/null).
+  ``scheduled-enqueue-time-ms`` (decimal epoch milliseconds),
+  ``application-properties`` (a JSON object; bytes, UUID and datetime
+  values tagged as :mod:`topics.amqp_values` says) and ``body-type``
+  (``value`` or ``sequence``: the value is then the JSON of an AMQP VALUE or
+  SEQUENCE body, tagged the same way; absent or ``data``: raw bytes).
 
 A client paired with a secondary namespace adds ``replay-id`` (a random
 hex id per message, kept when the message is moved from a backlog queue),
@@ -32,6 +35,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from topics import amqp_values
 from topics.sequence_numbers import sequence_number
 
 MAX_HEADERS_BYTES = 64 * 1024       # all headers and application properties together
@@ -46,6 +50,10 @@ TIME_TO_LIVE = "time-to-live-ms"
 SCHEDULED_ENQUEUE_TIME = "scheduled-enqueue-time-ms"
 REPLAY_ID = "replay-id"
 HOP_COUNT = "transfer-hop-count"
+BODY_TYPE = "body-type"
+#: the ``body-type`` of a VALUE and a SEQUENCE body (AmqpMessageBodyType's values)
+VALUE_BODY, SEQUENCE_BODY = "value", "sequence"
+_DATA_BODY = "data"
 #: text header -> the MessageRecord field it fills, in the order a record carries them
 _TEXT_HEADERS = {name: name.replace("-", "_") for name in (
     "message-id", "correlation-id", "content-type", "subject", "reply-to",
@@ -54,7 +62,7 @@ _TEXT_HEADERS = {name: name.replace("-", "_") for name in (
 _TIME_HEADERS = {TIME_TO_LIVE: "time_to_live_ms",
                  SCHEDULED_ENQUEUE_TIME: "scheduled_enqueue_time_ms"}
 _ID_HEADERS = frozenset({"message-id", "session-id", "partition-key"})
-_KNOWN = frozenset({*_TEXT_HEADERS, *_TIME_HEADERS, APPLICATION_PROPERTIES})
+_KNOWN = frozenset({*_TEXT_HEADERS, *_TIME_HEADERS, APPLICATION_PROPERTIES, BODY_TYPE})
 #: headers the log scanner reads (of every record of a scanned entity)
 _SCANNED = ("message-id", TIME_TO_LIVE, SCHEDULED_ENQUEUE_TIME, "session-id")
 
@@ -85,6 +93,14 @@ class MessageRecord:
     time_to_live_ms: int | None = None
     scheduled_enqueue_time_ms: int | None = None
     application_properties: dict[str, Any] | None = None
+    #: ``VALUE_BODY`` or ``SEQUENCE_BODY`` when ``body`` is the JSON of such
+    #: a body (:func:`body_value` reads it); None for a DATA body
+    body_type: str | None = None
+
+
+def body_value(record: MessageRecord) -> Any:
+    """The value of a VALUE body, or the list of sections of a SEQUENCE body."""
+    return amqp_values.loads(record.body)
 
 
 class MalformedRecord(ValueError):
@@ -115,10 +131,9 @@ def encode(record: MessageRecord) -> Encoded:
     headers += [(name, str(ms).encode()) for name, field_name in _TIME_HEADERS.items()
                 if (ms := getattr(record, field_name)) is not None]
     if record.application_properties:
-        _check_property_sizes(record.application_properties)
-        headers.append((APPLICATION_PROPERTIES,
-                        json.dumps(record.application_properties,
-                                   separators=(",", ":")).encode()))
+        headers.append((APPLICATION_PROPERTIES, _properties_json(record.application_properties)))
+    if record.body_type is not None:
+        headers.append((BODY_TYPE, record.body_type.encode()))
     size = _headers_size(headers)
     if size > MAX_HEADERS_BYTES:
         raise RecordTooLarge(
@@ -128,13 +143,18 @@ def encode(record: MessageRecord) -> Encoded:
     return (key.encode() if key else None), record.body, headers
 
 
-def _check_property_sizes(properties: dict[str, Any]) -> None:
-    for name, value in properties.items():
+def _properties_json(properties: dict[str, Any]) -> bytes:
+    """The ``application-properties`` header; RecordTooLarge for a property
+    over its limit, TypeError for a value of a type a record cannot carry."""
+    encoded = {name: amqp_values.to_json(value, f"application property {name!r}")
+               for name, value in properties.items()}
+    for name, value in encoded.items():
         size = len(name.encode()) + len(json.dumps(value).encode())
         if size > MAX_PROPERTY_BYTES:
             raise RecordTooLarge(
                 f"application property {name!r} is {size} bytes; one property may have at "
                 f"most {MAX_PROPERTY_BYTES}: move it into the body")
+    return json.dumps(encoded, separators=(",", ":")).encode()
 
 
 def _headers_size(headers: Headers) -> int:
@@ -170,7 +190,28 @@ def decode(value: bytes | None, headers: Headers, *, lenient: bool = False) -> D
             if not lenient:
                 raise
             malformed = malformed or str(exc)
-    return Decoded(MessageRecord(value or b"", **fields), malformed)
+    record = MessageRecord(value or b"", **fields)
+    if record.body_type is not None:
+        try:
+            _check_body(record)
+        except MalformedRecord as exc:
+            if not lenient:
+                raise
+            malformed = malformed or str(exc)
+            record = MessageRecord(record.body, **{**fields, "body_type": None})
+    return Decoded(record, malformed)
+
+
+def _check_body(record: MessageRecord) -> None:
+    """MalformedRecord unless the value is the JSON its ``body-type`` says."""
+    try:
+        value = body_value(record)
+    except ValueError as exc:
+        raise MalformedRecord(f"a {record.body_type} body must be JSON as "
+                              f"docs/wire-format.md says: {exc}") from None
+    if record.body_type == SEQUENCE_BODY and not (
+            isinstance(value, list) and all(isinstance(section, list) for section in value)):
+        raise MalformedRecord("a sequence body must be a JSON array of arrays (its sections)")
 
 
 def _decode_header(name: str, raw: bytes | None) -> dict[str, Any]:
@@ -188,12 +229,18 @@ def _decode_header(name: str, raw: bytes | None) -> dict[str, Any]:
         return {_TEXT_HEADERS[name]: text}
     if name == APPLICATION_PROPERTIES:
         try:
-            props = json.loads(text)
-        except ValueError:
-            raise MalformedRecord(f"header {name!r} is not JSON") from None
+            props = amqp_values.loads(text)
+        except ValueError as exc:
+            raise MalformedRecord(f"header {name!r} is not JSON as docs/wire-format.md "
+                                  f"says: {exc}") from None
         if not isinstance(props, dict):
             raise MalformedRecord(f"header {name!r} must be a JSON object")
         return {"application_properties": props}
+    if name == BODY_TYPE:
+        if text not in (VALUE_BODY, SEQUENCE_BODY, _DATA_BODY):
+            raise MalformedRecord(f"header {name!r} must be {VALUE_BODY!r}, "
+                                  f"{SEQUENCE_BODY!r} or {_DATA_BODY!r}, got {text[:40]!r}")
+        return {"body_type": None if text == _DATA_BODY else text}
     if not text.isdigit():
         raise MalformedRecord(f"header {name!r} must be a decimal integer, got {text[:40]!r}")
     return {_TIME_HEADERS[name]: int(text)}

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import overload
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MS = dt.timedelta(milliseconds=1)
 
 
 def as_utc(value: dt.datetime) -> dt.datetime:
@@ -11,8 +15,15 @@ def as_utc(value: dt.datetime) -> dt.datetime:
 
 
 def epoch_ms(value: dt.datetime) -> int:
-    return int(as_utc(value).timestamp() * 1000)
+    """Whole milliseconds since the epoch (exact: no float rounding), floored."""
+    return (as_utc(value) - _EPOCH) // _MS
 
 
+@overload
+def utc_from_ms(ms: int) -> dt.datetime: ...
+@overload
+def utc_from_ms(ms: None) -> None: ...
+@overload
+def utc_from_ms(ms: int | None) -> dt.datetime | None: ...
 def utc_from_ms(ms: int | None) -> dt.datetime | None:
-    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+    return None if ms is None else _EPOCH + ms * _MS

@@ -9,7 +9,7 @@ from typing import Any
 
 from settlement.aio._offload import Offloader
 from settlement.batch import ServiceBusMessageBatch
-from settlement.message import ServiceBusMessage
+from settlement.message import Sendable
 from settlement.sender import ServiceBusSender as SyncSender
 
 
@@ -28,14 +28,14 @@ class ServiceBusSender:
             self._sync = await self._offload.run(self._make)
         return self._sync
 
-    async def send_messages(self, message: ServiceBusMessage | Iterable[ServiceBusMessage]
-                            | ServiceBusMessageBatch, *, timeout: float | None = None,
+    async def send_messages(self, message: Sendable | Iterable[Sendable] | ServiceBusMessageBatch,
+                            *, timeout: float | None = None,
                             **kwargs: Any) -> None:
         """As :meth:`settlement.ServiceBusSender.send_messages`."""
         sender = await self._sender()
         await self._offload.run(sender.send_messages, message, timeout=timeout, **kwargs)
 
-    async def schedule_messages(self, messages: ServiceBusMessage | Iterable[ServiceBusMessage],
+    async def schedule_messages(self, messages: Sendable | Iterable[Sendable],
                                 schedule_time_utc: dt.datetime, **kwargs: Any) -> list[int]:
         sender = await self._sender()
         return await self._offload.run(sender.schedule_messages, messages, schedule_time_utc,

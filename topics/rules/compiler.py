@@ -25,6 +25,11 @@ follow C#, this module does; where it is silent, the choices are:
   error in the second operand goes unnoticed when the first decides.
 - ``x IN (a, b)`` is ``x = a OR x = b``: the same kind rules, and UNKNOWN when
   nothing matches but the list holds a NULL.
+- Application properties of the types JSON lacks (``docs/wire-format.md``)
+  compare as C# would: a date/time with a date/time (``=``, ``<``...), a
+  UUID or binary with one of its kind (``=`` and ``<>`` only); a UUID also
+  equals a string that spells it (``user.id = '3f2a...'``, also in ``IN``).
+  Anything else is the usual error, never a crash.
 - ``property(name)`` / ``p(name)`` look ``name`` up among the application
   properties (the user scope); ``newid()`` returns a new UUID as a string.
 """
@@ -60,7 +65,7 @@ _Child = Token | ParseTree | None
 
 # Static kinds of a node; UNKNOWN means only a message can tell (a property).
 BOOLEAN, NUMBER, STRING, NULL, UNKNOWN = "boolean", "number", "string", "null", "unknown"
-DATETIME, TIMESPAN = "date/time", "time span"
+DATETIME, TIMESPAN, UUID, BINARY = "date/time", "time span", "uuid", "binary"
 _ORDERED = frozenset({NUMBER, STRING, DATETIME, TIMESPAN})
 _KINDS: dict[type, str] = {bool: BOOLEAN, int: NUMBER, float: NUMBER, str: STRING}
 # Types whose values an operator may take without further checks.
@@ -109,7 +114,23 @@ def _kind_of(value: Any) -> str:
         return DATETIME
     if isinstance(value, dt.timedelta):
         return TIMESPAN
+    if isinstance(value, uuid.UUID):
+        return UUID
+    if isinstance(value, bytes):
+        return BINARY
     return type(value).__name__
+
+
+def _as_uuid(value: Any) -> Any:
+    """A string that spells a UUID as that UUID (in any case, with or
+    without braces or dashes), so that ``user.id = '...'`` matches a UUID
+    property; any other value as it is."""
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _describe(value: Any) -> str:
@@ -394,6 +415,7 @@ class _Compiler:
         text = self.span(tree)[0]
         found = tree.children[1] is None
         value_of = operand.evaluate
+        equal = _comparer("=", text)
         members = [item.value for item in items if item.value is not None]
         kinds = {_kind_of(member) for member in members}
         if all(item.constant for item in items) and len(kinds) == 1:
@@ -406,6 +428,9 @@ class _Compiler:
                 value = value_of(view)
                 if value is None:
                     return None
+                if type(value) is uuid.UUID and kind == STRING:
+                    hit = any(equal(value, member) for member in members)
+                    return found if hit else missing
                 if (_KINDS.get(type(value)) or _kind_of(value)) != kind:
                     raise FilterEvaluationError(
                         f"cannot compare {_describe(value)} with the {kind} values of the "
@@ -413,7 +438,6 @@ class _Compiler:
                 return found if value in member_set else missing
 
             return self.built(tree, in_set, BOOLEAN, [operand])
-        equal = _comparer("=", text)
         item_values = [item.evaluate for item in items]
 
         def in_items(view: MessageView) -> bool | None:
@@ -668,6 +692,8 @@ def _comparer(symbol: str, text: str) -> Callable[[Any, Any], bool]:
         if (type_a is type_b and type_a in direct) or (type_a in _NUMBERS and type_b in _NUMBERS):
             return apply(a, b)
         kind_a, kind_b = _kind_of(a), _kind_of(b)
+        if equality and {kind_a, kind_b} == {UUID, STRING}:
+            return apply(*map(_as_uuid, (a, b)))
         if kind_a != kind_b:
             raise FilterEvaluationError(
                 f"cannot compare {_describe(a)} with {_describe(b)} in {text}; compare "
