@@ -35,7 +35,7 @@ chromium:
 	$(call apt_install,chromium,chromium,the dashboard test runs in a real headless Chromium)
 
 maven:
-	$(call apt_install,mvn,maven,it fetches Apache Kafka's and Spark's jars from Maven Central)
+	$(call apt_install,mvn,maven,it fetches Apache Kafka's jars from Maven Central)
 
 # The tests that need no broker once, every test that needs one on Apache Kafka
 # (one node; the fault tests start their own three), and the compatibility

@@ -6,5 +6,6 @@
 * ``monitor`` + ``metrics_store``: the streaming metrics job and its Parquet sink;
 * ``dashboard`` + ``charts``: the page over that sink (no Spark needed);
 * ``audit`` and ``replay``: batch jobs over the raw logs and the events;
-* ``session``: the local SparkSession (Java 17 required); ``cli``: the commands.
+* ``session``: the jobs' SparkSession, local or on a cluster (Java 17 required);
+  ``cli``: the commands.
 """

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from settlement.client import ServiceBusClient
 from settlement.management import ServiceBusAdministrationClient
-from spark.monitor_options import add_monitor_arguments
+from spark.monitor_options import add_master_argument, add_monitor_arguments
 
 ConnectionString = Callable[[argparse.Namespace], str]
 
@@ -85,8 +85,10 @@ def _add_replay(commands: Any, common: argparse.ArgumentParser,
     when.add_argument("--since", type=_utc, metavar="ISO-TIME", help="from this time on (UTC "
                                                                      "unless it says)")
     when.add_argument("--until", type=_utc, metavar="ISO-TIME", help="before this time")
+    spark = argparse.ArgumentParser(add_help=False)
+    add_master_argument(spark)
 
-    dlq = sub.add_parser("dlq", parents=[common, when], help="resubmit dead letters, once",
+    dlq = sub.add_parser("dlq", parents=[common, spark, when], help="resubmit dead letters, once",
                          description="Resubmit the dead letters of QUEUE that match --reason "
                                      "and were dead-lettered in [--since, --until), to --to "
                                      "(default: QUEUE). Copies carry the application property "
@@ -107,7 +109,7 @@ def _add_replay(commands: Any, common: argparse.ArgumentParser,
 
     dlq.set_defaults(handler=run_dlq)
 
-    ranged = sub.add_parser("range", parents=[common, when],
+    ranged = sub.add_parser("range", parents=[common, spark, when],
                             help="re-publish a time range of a queue's log to another queue",
                             description="Re-publish the messages QUEUE received in [--since, "
                                         "--until) to --to, once (copies carry replayed_from).")
@@ -128,7 +130,7 @@ def _add_replay(commands: Any, common: argparse.ArgumentParser,
 
     ranged.set_defaults(handler=run_range)
 
-    audit = sub.add_parser("audit", parents=[common], help="check the engine's bookkeeping",
+    audit = sub.add_parser("audit", parents=[common, spark], help="check the engine's bookkeeping",
                            description="Rebuild every message's final state from the raw log "
                                        "and the events; compare with the state topic. Exit "
                                        "status 1 when messages are lost, stuck, doubly "
@@ -148,7 +150,7 @@ def _add_replay(commands: Any, common: argparse.ArgumentParser,
         if not queues:
             with ServiceBusAdministrationClient.from_connection_string(conn) as admin:
                 queues = [q.name for q in admin.list_queues()]
-        report = audit_entities(spark_session("settlement-audit"), conn, queues,
+        report = audit_entities(spark_session("settlement-audit", args.master), conn, queues,
                                 grace_ms=int(args.grace * 1000))
         print(report.summary())
         return 0 if report.ok else 1
@@ -167,7 +169,7 @@ def _with_client(args: argparse.Namespace, connection_string: ConnectionString,
     # Imported here, not at the top: it loads PySpark, only the replay jobs need it.
     from spark.session import spark_session
 
-    spark = spark_session("settlement-replay")
+    spark = spark_session("settlement-replay", args.master)
     with ServiceBusClient.from_connection_string(connection_string(args)) as client, \
             tqdm(unit="msg", desc="sent", disable=None) as bar:
         return job(spark, client, bar)

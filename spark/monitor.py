@@ -35,7 +35,8 @@ engine processed twice after a crash are dropped within the watermark by
 (command id, type, entity, partition). Results go to Parquet through
 :mod:`spark.metrics_store`, with the query's checkpoint next to them.
 
-Run it as ``settlement monitor`` or ``spark-submit spark/monitor.py``.
+Run it as ``settlement monitor`` or ``spark-submit spark/monitor.py`` (on a
+cluster: ``--master spark://HOST:7077``, see :mod:`spark.session`).
 """
 
 from __future__ import annotations
@@ -174,13 +175,15 @@ def start_monitor(spark: SparkSession, connection_string: str, sink: str | Path,
 
 def run(connection_string: str, args: argparse.Namespace) -> int:
     """Run the monitor until interrupted (or, with ``--available-now``, done)."""
-    spark = spark_session("settlement-monitor")
+    spark = spark_session("settlement-monitor", args.master, ui=True)
     query = start_monitor(spark, connection_string, args.sink, checkpoint=args.checkpoint,
                           trigger_seconds=args.trigger, window=args.window,
                           watermark=args.watermark, available_now=args.available_now,
                           compact_every=args.compact_every)
     log.info("monitor writing to %s", Path(args.sink).resolve())
     print(f"monitor: writing metrics to {Path(args.sink).resolve()} (Ctrl-C stops)")
+    if spark.sparkContext.uiWebUrl:  # None where spark-submit turned the UI off
+        print(f"monitor: Spark UI at {spark.sparkContext.uiWebUrl}")
     try:
         query.awaitTermination()
     except KeyboardInterrupt:

@@ -1,14 +1,22 @@
-"""The options of the Spark monitoring job, apart from the job itself so that
-the ``settlement monitor`` command (:mod:`spark.cli`) registers them without
-loading PySpark, and ``spark-submit spark/monitor.py`` parses the same ones."""
+"""The options of the Spark jobs, apart from the jobs so that the
+``settlement`` commands (:mod:`spark.cli`) register them without loading
+PySpark, and ``spark-submit spark/monitor.py`` parses the same ones."""
 
 from __future__ import annotations
 
 import argparse
 
 
+def add_master_argument(parser: argparse.ArgumentParser) -> None:
+    """``--master``, the Spark master a job runs on (see :mod:`spark.session`)."""
+    parser.add_argument("--master", metavar="URL",
+                        help="Spark master, e.g. spark://HOST:7077 (default: the one "
+                             "spark-submit was given, else $SPARK_MASTER, else local[2])")
+
+
 def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of the monitor, shared with ``spark-submit spark/monitor.py``."""
+    add_master_argument(parser)
     parser.add_argument("--sink", default="monitor-data",
                         help="directory of the Parquet results and the checkpoint")
     parser.add_argument("--checkpoint", help="checkpoint directory (default: SINK/_checkpoint)")

@@ -2,5 +2,5 @@
 local runs: :mod:`~settlement.testing.embedded` (Tansu, memory only, no JVM),
 :mod:`~settlement.testing.apache_kafka` (Apache Kafka from Maven Central, one
 node or three) and :mod:`~settlement.testing.maven`, which fetches the jars
-described under ``jars/`` (Kafka's broker, the SAS handler, Spark's Kafka
-connector). The client library imports none of them."""
+described under ``jars/`` (Kafka's broker, the SAS handler). The client
+library imports none of them."""
