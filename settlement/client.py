@@ -184,7 +184,7 @@ class ServiceBusClient:
                                   max_in_flight=max_in_flight, topic=topic, retry=self.retry,
                                   pairing=self._pairing, quota=quota,
                                   client_identifier=client_identifier)
-        self._handlers.append(sender)
+        self._keep(sender)
         return sender
 
     def get_queue_receiver(self, queue_name: str, *,
@@ -269,12 +269,15 @@ class ServiceBusClient:
             rules=rules, session_id=options.session_id,
             auto_lock_renewer=options.auto_lock_renewer,
             client_identifier=options.client_identifier)
-        # Closed receivers go: a client opening a session receiver per
-        # session would otherwise keep every one it ever opened.
-        self._handlers = [h for h in self._handlers
-                          if not (isinstance(h, ServiceBusReceiver) and h._closed)]
-        self._handlers.append(receiver)
+        self._keep(receiver)
         return receiver
+
+    def _keep(self, handler: ServiceBusSender | ServiceBusReceiver) -> None:
+        """Remember ``handler`` to close it with the client. Closed ones go:
+        a client opening a sender or a session receiver per message would
+        otherwise keep every one it ever opened."""
+        self._handlers = [h for h in self._handlers if not h._closed]
+        self._handlers.append(handler)
 
     def _sign_in(self) -> None:
         """Before the first sender or receiver: credentials the broker

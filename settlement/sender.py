@@ -91,7 +91,10 @@ class ServiceBusSender:
         self._settings = settings
         self._retry = retry or RetryPolicy()
         self._pairing = pairing
-        self._producer = self._new_producer()
+        #: made on the first send, dropped (its librdkafka threads and
+        #: sockets with it) on close; a send after close makes another
+        self._producer: Producer | None = None
+        self._closed = False
         self._quota = quota or QuotaGuard(settings, registry, engine, entity_name, topic=topic)
         #: partition -> the last offset acknowledged to this sender (where a
         #: paired namespace's syphon starts looking for late arrivals)
@@ -286,7 +289,7 @@ class ServiceBusSender:
                         done.set()
             return delivered
 
-        producer = self._producer
+        producer = self._live_producer()
         for index in todo:
             self._acquire_slot(producer, deadline)
             self._produce(producer, *records[index], delivered_to(index))
@@ -353,6 +356,12 @@ class ServiceBusSender:
             self._in_flight -= 1
         self._slots.release()
 
+    def _live_producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = self._new_producer()
+            self._closed = False
+        return self._producer
+
     def _new_producer(self) -> Producer:
         return Producer({
             **self._settings.kafka_config(), "acks": "all", "enable.idempotence": True,
@@ -364,7 +373,7 @@ class ServiceBusSender:
         """Give up on what the producer still holds (the broker stopped
         answering) and start a fresh one. What was on its way may still
         reach the broker; the paired namespace's syphon allows for that."""
-        old, self._producer = self._producer, self._new_producer()
+        old, self._producer = self._live_producer(), self._new_producer()
         old.purge(in_queue=True, in_flight=True, blocking=False)
         threading.Thread(target=old.flush, args=(5,), name="abandoned-producer",
                          daemon=True).start()
@@ -383,7 +392,10 @@ class ServiceBusSender:
         return self._kind
 
     def close(self) -> None:
-        self._producer.flush(30)
+        producer, self._producer = self._producer, None
+        self._closed = True
+        if producer is not None:
+            producer.flush(30)
 
     def __enter__(self) -> ServiceBusSender:
         return self

@@ -81,6 +81,6 @@ def test_cli_dlq_list_resubmit_and_purge(conn: str, client: ServiceBusClient,
     assert "reason=R1" in listing and "reason=R2" in listing
     assert main(["--connection-string", conn, "dlq", "resubmit", queue, "--reason", "R1"]) == 0
     assert "resubmitted 1" in capsys.readouterr().out
-    assert main(["--connection-string", conn, "dlq", "purge", queue]) == 0
+    assert main(["--connection-string", conn, "dlq", "purge", queue, "--yes"]) == 0
     assert "purged 1" in capsys.readouterr().out
     assert dead_ids(client, queue) == []
