@@ -89,7 +89,6 @@ def serve(port: int) -> None:
     except OSError as exc:
         raise RuntimeError(f"cannot serve metrics on port {port} ({exc}): pick a free "
                            "--metrics-port") from exc
-    log.info("serving Prometheus metrics at http://0.0.0.0:%d/metrics", port)
 
 
 def _admitted(cmd: Command, appended_ms: int) -> None:
@@ -135,12 +134,18 @@ class _EngineView(Collector):
     def collect(self) -> Iterator[Metric]:
         future = asyncio.run_coroutine_threadsafe(_engine_view(), self._loop)
         try:
-            yield from future.result(SCRAPE_WAIT_S)
+            view = future.result(SCRAPE_WAIT_S)
         except concurrent.futures.TimeoutError:
             future.cancel()
             log.warning("the engine did not read its windows and offsets within %.0f s "
                         "(starting, or busy); this scrape has its counters only",
                         SCRAPE_WAIT_S)
+            return
+        except Exception as exc:  # a scrape that fails would lose the counters too
+            log.warning("could not read the windows and offsets for this scrape (%s: %s); "
+                        "it has the counters only", type(exc).__name__, exc)
+            return
+        yield from view
 
 
 async def _engine_view() -> list[Metric]:
