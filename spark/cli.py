@@ -52,7 +52,8 @@ def _add_dashboard(commands: Any, common: argparse.ArgumentParser) -> None:
         "dashboard", parents=[common], help="serve the monitor's results as a web page",
         description="A page of charts (outcome rates over time, dead-letters by reason, "
                     "lock-time percentiles, backlog per entity) and exact totals, read from "
-                    "the monitor's Parquet sink; it reloads itself. Also /metrics.json.")
+                    "the monitor's Parquet sink; it reloads itself. Also /metrics.json, and "
+                    "/metrics for Prometheus.")
     dashboard.add_argument("--sink", default="monitor-data",
                            help="the monitor's --sink directory (default: monitor-data)")
     dashboard.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")

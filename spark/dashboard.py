@@ -7,7 +7,8 @@ dead-letters by reason, lock-time percentiles, backlog now and over time,
 a table with the exact totals and, on a namespace paired clients fail over
 to, their failovers and backlog depth (:mod:`spark.pairing_panel`). It
 reloads itself every few seconds, so it follows a running monitor.
-``/metrics.json`` serves the same numbers.
+``/metrics.json`` serves the same numbers, and ``/metrics`` in Prometheus'
+text format (:mod:`spark.dashboard_metrics`).
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from spark import pairing_panel
 from spark.charts import Series, bar_chart, clock, fmt, line_chart, points
+from spark.dashboard_metrics import prometheus_text
 from spark.metrics_store import (
     current_gauges,
     current_sessions,
@@ -242,23 +245,28 @@ def _rates(metrics: pd.DataFrame, entity: str, windows: pd.DatetimeIndex) -> pd.
 
 def make_server(sink: str | Path, host: str = "127.0.0.1", port: int = 8050,
                 refresh_seconds: int = 5) -> ThreadingHTTPServer:
-    """An HTTP server of the page (``/``) and its numbers (``/metrics.json``);
-    port 0 picks a free one. The caller runs ``serve_forever``."""
+    """An HTTP server of the page (``/``) and its numbers (``/metrics.json``,
+    and ``/metrics`` for Prometheus); port 0 picks a free one. The caller
+    runs ``serve_forever``."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (the http.server API)
             path = self.path.split("?")[0]
             if path == "/":
-                self._send(render_html(sink, refresh_seconds), "text/html")
+                self._send(render_html(sink, refresh_seconds).encode(),
+                           "text/html; charset=utf-8")
             elif path == "/metrics.json":
-                self._send(json.dumps(metrics_json(sink), indent=1), "application/json")
+                self._send(json.dumps(metrics_json(sink), indent=1).encode(),
+                           "application/json; charset=utf-8")
+            elif path == "/metrics":
+                self._send(prometheus_text(metrics_json(sink), TABLE_OUTCOMES),
+                           CONTENT_TYPE_LATEST)
             else:
                 self.send_error(HTTPStatus.NOT_FOUND)
 
-        def _send(self, text: str, content_type: str) -> None:
-            body = text.encode()
+        def _send(self, body: bytes, content_type: str) -> None:
             self.send_response(HTTPStatus.OK)
-            self.send_header("Content-Type", f"{content_type}; charset=utf-8")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
             self.end_headers()

@@ -8,6 +8,8 @@ them):
 * ``SETTLEMENT_CONNECTION_STRING`` (required): ``Endpoint=kafka://...;Namespace=...``
 * ``SETTLEMENT_DATA_DIR``: where RocksDB keeps the tables (default ``./data/engine``)
 * ``SETTLEMENT_WEB_PORT``: Faust's web server port (disabled when unset)
+* ``SETTLEMENT_METRICS_PORT``: where :mod:`streams.metrics` serves Prometheus
+  metrics (``/metrics``; not served when unset)
 * ``SETTLEMENT_TIMER_INTERVAL``: seconds between lock-expiry sweeps (default 0.5)
 """
 
@@ -55,6 +57,8 @@ def _instance_id(data_dir: Path) -> str:
 
 
 _web_port = os.environ.get("SETTLEMENT_WEB_PORT")
+_metrics_port = os.environ.get("SETTLEMENT_METRICS_PORT")
+metrics_port = int(_metrics_port) if _metrics_port else None
 timer_interval = float(os.environ.get("SETTLEMENT_TIMER_INTERVAL", "0.5"))
 
 app = faust.App(

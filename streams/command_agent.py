@@ -92,7 +92,12 @@ _ticks: set[asyncio.Future[Any]] = set()
 #: called (in a thread) with the key of each window the engine forgets
 on_window_dropped: list[Callable[[str], None]] = []
 #: called with each client command admitted (not the engine's own operations)
-on_client_command: list[Callable[[Command], None]] = []
+#: and when Kafka appended it (ms, the commands topic's log time)
+on_client_command: list[Callable[[Command, int], None]] = []
+#: called with every command as it is answered, with its result, or the code
+#: it is refused with; also those nobody waits for (quiet settlements, the
+#: engine's own operations)
+on_answered: list[Callable[[Command, dict[str, Any], ErrorCode | None], None]] = []
 #: the namespace's limit of commands per second, as this worker applies it
 _throttle = CommandThrottle()
 #: commands and the engine's own operations, one at a time (they share windows)
@@ -224,7 +229,7 @@ def _admit(event: EventT) -> Command | None:
     if not _admitted(cmd):
         return None
     for hook in on_client_command:
-        hook(cmd)
+        hook(cmd, round(event.message.timestamp * 1000))
     return cmd
 
 
@@ -613,6 +618,8 @@ def _quiet(cmd: Command) -> bool:
 
 
 def _reply_ok(cmd: Command, result: dict[str, Any]) -> None:
+    for hook in on_answered:
+        hook(cmd, result, None)
     if cmd.reply is not None and not _quiet(cmd):
         _answer(cmd.reply, Reply(cmd.id, cmd.reply.client, True, result))
 
@@ -623,6 +630,8 @@ def _reject(cmd: Command, code: ErrorCode, message: str) -> None:
 
 
 def _answer_refusal(cmd: Command, code: ErrorCode, message: str) -> None:
+    for hook in on_answered:
+        hook(cmd, {}, code)
     if cmd.reply is not None and not _quiet(cmd):
         _answer(cmd.reply, Reply(cmd.id, cmd.reply.client, False,
                                  error_code=code, error_message=message))

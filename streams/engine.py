@@ -7,7 +7,10 @@ free of its features (and of import circles)."""
 
 from __future__ import annotations
 
-from streams import command_agent, idle_deleter, lock_timer, log_trimmer, scan_timer
-from streams.app import app
+from streams import command_agent, idle_deleter, lock_timer, log_trimmer, metrics, scan_timer
+from streams.app import app, metrics_port
 
 __all__ = ["app", "command_agent", "idle_deleter", "lock_timer", "log_trimmer", "scan_timer"]
+
+if metrics_port is not None:
+    metrics.serve(metrics_port)

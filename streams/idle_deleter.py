@@ -69,8 +69,9 @@ class IdleTracker:
         #: entity log -> its end offsets at the last check
         self._ends: dict[str, dict[int, int]] = {}
 
-    def saw(self, cmd: Command) -> None:
-        """A client's command: its entity is in use, and a subscription's topic."""
+    def saw(self, cmd: Command, _appended_ms: int) -> None:
+        """A client's command: its entity is in use (now: a command read again
+        after a restart is use too), and a subscription's topic."""
         now = time.time()
         self._used[cmd.entity] = now
         if names.SUBSCRIPTIONS in cmd.entity:

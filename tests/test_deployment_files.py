@@ -357,6 +357,19 @@ def test_workers_and_the_dashboard_have_health_checks(
         f"http://127.0.0.1:{_option(dashboard, '--port')}/metrics.json")
 
 
+def test_workers_publish_their_prometheus_metrics(
+        services: dict[str, dict[str, Any]], secured_services: dict[str, dict[str, Any]]) -> None:
+    published = []
+    for name, argv in _workers(services).items():
+        port = _option(argv, "--metrics-port")
+        assert port, f"{name} serves no Prometheus metrics (--metrics-port)"
+        published += [str(p).split(":")[0] for p in services[name].get("ports", [])
+                      if str(p).endswith(f":{port}")]
+        assert _option(_argv(secured_services[name]), "--metrics-port") == port
+    assert len(set(published)) == len(_workers(services)), (
+        f"each worker's metrics port must be published on its own host port: {published}")
+
+
 SECURED = ROOT / "docker-compose.secured.yml"
 
 

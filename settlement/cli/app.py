@@ -160,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="RocksDB directory, one per worker (default: data/engine)")
     worker.add_argument("--web-port", type=int, default=None,
                         help="Faust web server port (disabled by default)")
+    worker.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics "
+                             "(not served by default)")
     worker.add_argument("--loglevel", default="info",
                         choices=["debug", "info", "warning", "error", "critical"],
                         help="worker log level (default: info)")
@@ -434,7 +437,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # Refused credentials and TLS on one side only are said now, not logged
     # by Faust once per reconnection.
     check_connection(settings)
-    run_worker(conn, args.data_dir, args.web_port, args.loglevel)
+    run_worker(conn, args.data_dir, args.web_port, args.loglevel, args.metrics_port)
     return 0
 
 
