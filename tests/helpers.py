@@ -15,7 +15,8 @@ from confluent_kafka import Consumer, TopicPartition
 from settlement import ServiceBusClient, ServiceBusReceivedMessage
 from settlement.testing.apache_kafka import KafkaCluster
 from settlement.testing.embedded import EmbeddedBroker
-from topics import names, specs
+from topics import names
+from topics.entities import DEFAULT_ENGINE_PARTITIONS
 
 #: The broker of this test session: ``kafka`` (Apache Kafka, the default) or ``tansu``.
 TEST_BROKER = os.environ.get("SETTLEMENT_TEST_BROKER", "kafka")
@@ -26,7 +27,7 @@ Broker = EmbeddedBroker | KafkaCluster
 def read_all(client: ServiceBusClient, topic: str, key: bytes, wait_for: Callable[[list], bool],
              timeout: float = 15.0) -> list[dict[str, Any]]:
     consumer = Consumer(client.settings.consumer_config(f"read-{topic}"))
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(specs.ENGINE_PARTITIONS)])
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(DEFAULT_ENGINE_PARTITIONS)])
     records: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     try:
