@@ -59,6 +59,7 @@ def test_namespace_create_refuses_a_bad_count_before_calling_kafka(
     assert code == 2 and "invalid int value: 'many'" in err
 
 
+@pytest.mark.tansu
 def test_a_namespace_made_with_3_engine_partitions_is_served_by_them(
         broker: Broker, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     conn = broker.connection_string(f"three{uuid.uuid4().hex[:6]}")

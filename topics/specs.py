@@ -147,8 +147,9 @@ def _wait_for_leaders(admin: AdminClient, specs: list[TopicSpec], timeout: float
 
 
 def partition_count(admin: AdminClient, topic: str, timeout: float = 10.0) -> int:
-    """Partitions of an existing topic, 0 when it does not exist."""
-    found = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+    """Partitions of an existing topic, 0 when it does not exist. Looked up
+    in the list of every topic: Tansu creates a topic asked for by name."""
+    found = admin.list_topics(timeout=timeout).topics.get(topic)
     if found is None or found.error is not None:
         return 0
     return len(found.partitions)
