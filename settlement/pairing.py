@@ -340,8 +340,8 @@ class StatusTopic:
     def __init__(self, secondary: ConnectionSettings) -> None:
         self.topic = names.pairing(secondary.namespace)
         admin = AdminClient(secondary.kafka_config())
-        specs.provision(admin, specs.namespace_topics(secondary.namespace),
-                        secondary.profile.replication_factor)
+        specs.provision_namespace(admin, secondary.namespace,
+                                  secondary.profile.replication_factor)
         self._producer = Producer({**secondary.kafka_config(), "acks": "all", "linger.ms": 0})
 
     def publish(self, primary_namespace: str, status: dict[str, object]) -> None:

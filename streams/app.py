@@ -26,6 +26,7 @@ from streams import kafka_tuning
 from streams.record_sender import RecordSender
 from topics import names, specs
 from topics.connection import parse_connection_string
+from topics.partitions import command_partition
 
 _conn = os.environ.get("SETTLEMENT_CONNECTION_STRING")
 if not _conn:
@@ -38,9 +39,11 @@ kafka_tuning.apply(settings)
 namespace = settings.namespace
 # Before Faust starts: it would declare missing topics itself, with the
 # broker's default partition count instead of the namespace's spec.
-specs.provision(AdminClient(settings.kafka_config()),
-                specs.namespace_topics(namespace) + specs.engine_tables(namespace),
-                settings.profile.replication_factor)
+#: The namespace's engine partitions, its commands topic's partition count
+#: (8 if this worker makes the namespace): the most workers that share its
+#: work; the commands, events and state topics and the tables have that many.
+engine_partitions = specs.provision_namespace(AdminClient(settings.kafka_config()), namespace,
+                                              settings.profile.replication_factor)
 _data_dir = Path(os.environ.get("SETTLEMENT_DATA_DIR", "data/engine")).resolve()
 
 
@@ -73,7 +76,7 @@ app = faust.App(
     # crash, say) takes its place in the group back at once, instead of
     # waiting for the dead process's session to time out and a rebalance.
     consumer_group_instance_id=_instance_id(_data_dir),
-    topic_partitions=specs.ENGINE_PARTITIONS,
+    topic_partitions=engine_partitions,
     topic_allow_declare=True,
     # The table's changelog gets as many replicas as the namespace's topics.
     topic_replication_factor=settings.profile.replication_factor,
@@ -101,10 +104,17 @@ def _bytes_topic(name: str, partitions: int) -> faust.TopicT:
     return app.topic(name, key_type=bytes, value_type=bytes, partitions=partitions)
 
 
-commands_topic = _bytes_topic(names.commands(namespace), specs.ENGINE_PARTITIONS)
+commands_topic = _bytes_topic(names.commands(namespace), engine_partitions)
 replies_topic = _bytes_topic(names.replies(namespace), specs.REPLY_PARTITIONS)
-events_topic = _bytes_topic(names.events(namespace), specs.ENGINE_PARTITIONS)
-state_topic = _bytes_topic(names.state(namespace), specs.ENGINE_PARTITIONS)
+events_topic = _bytes_topic(names.events(namespace), engine_partitions)
+state_topic = _bytes_topic(names.state(namespace), engine_partitions)
+
+
+def window_partition(window_key: str) -> int:
+    """The commands partition of a window: the worker that owns it, and the
+    partition of the tables that hold its state."""
+    return command_partition(window_key, engine_partitions)
+
 
 #: RocksDB options of both tables. The engine's state is small and rewritten
 #: all the time (a window's entries, headers and indexes), and RocksDB keeps
@@ -118,10 +128,10 @@ _ROCKSDB = {"write_buffer_size": 1 << 20}
 #: entity#partition -> a window's header (:meth:`streams.window.InflightWindow.to_bytes`),
 #: small, so that timers can read every header.
 headers = app.Table("headers", default=None, key_type=bytes, value_type=bytes,
-                    partitions=specs.ENGINE_PARTITIONS, options=dict(_ROCKSDB))
+                    partitions=engine_partitions, options=dict(_ROCKSDB))
 #: everything else of the windows: entries, timers, answers (see streams.window).
 entries = app.Table("entries", default=None, key_type=bytes, value_type=bytes,
-                    partitions=specs.ENGINE_PARTITIONS, options=dict(_ROCKSDB))
+                    partitions=engine_partitions, options=dict(_ROCKSDB))
 assert (headers.name, entries.name) == specs.ENGINE_TABLES
 #: every record the engine writes (tables' changelogs, events, states,
 #: replies) goes through this one sender, in order (streams.record_sender)

@@ -33,6 +33,7 @@ from streams import sessions
 from streams.app import (
     app,
     commands_topic,
+    engine_partitions,
     entries,
     events_topic,
     headers,
@@ -40,6 +41,7 @@ from streams.app import (
     replies_topic,
     settings,
     state_topic,
+    window_partition,
 )
 from streams.definitions import Definitions
 from streams.log_clock import LogClock
@@ -72,7 +74,6 @@ from topics.events import (
     record_key,
     state_record,
 )
-from topics.partitions import command_partition
 
 log = logging.getLogger(__name__)
 #: The largest header record (with its redo and outbox) the engine writes:
@@ -218,13 +219,11 @@ def _admit(event: EventT) -> Command | None:
             _answer(exc.reply, Reply(exc.command_id, exc.reply.client, False,
                                      error_code=exc.code, error_message=str(exc)))
         return None
-    partition = event.message.partition
-    partitions = app.consumer.topic_partitions(commands_topic.get_topic_name()) or 0
-    if event.key != cmd.window_key.encode() or (
-            partitions and partition != command_partition(cmd.window_key, partitions)):
+    right = window_partition(cmd.window_key)
+    if event.key != cmd.window_key.encode() or event.message.partition != right:
         _reject(cmd, ErrorCode.MISROUTED,
                 f"command for window {cmd.window_key} must be keyed by it and sent to "
-                f"partition {command_partition(cmd.window_key, partitions or 1)}")
+                f"partition {right}")
         return None
     if not _admitted(cmd):
         return None
@@ -283,14 +282,14 @@ def _share() -> float:
     the namespace's limit it admits."""
     topic = commands_topic.get_topic_name()
     mine = sum(1 for tp in app.consumer.assignment() if tp.topic == topic)
-    return max(mine, 1) / (app.consumer.topic_partitions(topic) or specs.ENGINE_PARTITIONS)
+    return max(mine, 1) / engine_partitions
 
 
 async def run_internal(cmd: Command) -> None:
     """Run an operation of the engine's own timers or scanner on a window
     this worker owns. It never travels on the commands topic, so no client
     can forge one; it waits its turn with the commands."""
-    partition = command_partition(cmd.window_key, specs.ENGINE_PARTITIONS)
+    partition = window_partition(cmd.window_key)
     if TP(commands_topic.get_topic_name(), partition) not in app.consumer.assignment():
         return  # the window moved to another worker, whose timers take over
     if clock.now(partition) is None:  # not known since this worker got it: a tick tells

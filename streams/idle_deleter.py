@@ -41,14 +41,13 @@ from faust.types import TP
 
 from settlement.exceptions import MessagingEntityNotFoundError
 from settlement.management import ServiceBusAdministrationClient
-from streams.app import app, commands_topic, settings
+from streams.app import app, commands_topic, settings, window_partition
 from streams.command_agent import definitions, on_client_command
-from topics import names, specs
+from topics import names
 from topics.commands import Command
 from topics.entities import Definition, QueueProperties, SubscriptionProperties, TopicProperties
 from topics.entities.queue import DEFAULT_TTL
 from topics.offsets import log_end_offsets
-from topics.partitions import command_partition
 
 log = logging.getLogger(__name__)
 #: the definitions that have an ``auto_delete_on_idle``
@@ -117,8 +116,7 @@ def _watched(known: dict[str, Definition]) -> list[tuple[str, Deletable]]:
     return [(name, d) for name, d in known.items()
              if isinstance(d, Deletable)
              and d.auto_delete_on_idle < DEFAULT_TTL
-             and TP(topic, command_partition(names.window_key(name, 0),
-                                             specs.ENGINE_PARTITIONS)) in assigned]
+             and TP(topic, window_partition(names.window_key(name, 0))) in assigned]
 
 
 def _read_log_ends(known: list[tuple[str, Deletable]]) -> None:

@@ -17,13 +17,11 @@ from __future__ import annotations
 import time
 import uuid
 
-from streams.app import app, headers, timer_interval
+from streams.app import app, headers, timer_interval, window_partition
 from streams.command_agent import clock, on_tick, request_tick, run_internal
 from streams.window import InflightWindow
-from topics import specs
 from topics.commands import Command, ExpireArgs
 from topics.names import split_window_key
-from topics.partitions import command_partition
 
 
 @app.timer(interval=timer_interval)
@@ -48,7 +46,7 @@ async def _sweep(only: int | None) -> None:
         if wake is None or wake > wall:
             continue
         entity, partition = split_window_key(key.decode())
-        commands_partition = command_partition(key.decode(), specs.ENGINE_PARTITIONS)
+        commands_partition = window_partition(key.decode())
         if only is not None and commands_partition != only:
             continue
         if clock.behind(commands_partition, wake):

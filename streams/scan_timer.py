@@ -9,14 +9,12 @@ import asyncio
 import logging
 import time
 
-from streams.app import app, entries, headers, records, settings
+from streams.app import app, entries, headers, records, settings, window_partition
 from streams.command_agent import definitions, on_window_dropped, run_internal
 from streams.log_scanner import LogScanner
 from streams.table_store import TableStore
 from streams.window import InflightWindow
-from topics import specs
 from topics.names import split_window_key
-from topics.partitions import command_partition
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +52,7 @@ async def scan_queue_logs() -> None:
 def _window(key: bytes, raw: bytes) -> InflightWindow:
     """A stored window, read-only: the scanner reads its header and dead letters."""
     entity, partition = split_window_key(key.decode())
-    store = TableStore(entries, command_partition(key.decode(), specs.ENGINE_PARTITIONS), records)
+    store = TableStore(entries, window_partition(key.decode()), records)
     return InflightWindow.load(raw, entity, partition, store)
 
 

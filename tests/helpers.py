@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,9 @@ from confluent_kafka import Consumer, TopicPartition
 from settlement import ServiceBusClient, ServiceBusReceivedMessage
 from settlement.testing.apache_kafka import KafkaCluster
 from settlement.testing.embedded import EmbeddedBroker
-from topics import names, specs
+from streams.process import EngineProcess
+from topics import names
+from topics.entities import DEFAULT_ENGINE_PARTITIONS
 
 #: The broker of this test session: ``kafka`` (Apache Kafka, the default) or ``tansu``.
 TEST_BROKER = os.environ.get("SETTLEMENT_TEST_BROKER", "kafka")
@@ -23,10 +26,36 @@ TEST_BROKER = os.environ.get("SETTLEMENT_TEST_BROKER", "kafka")
 Broker = EmbeddedBroker | KafkaCluster
 
 
+def assigned_partitions(engine: EngineProcess) -> set[int]:
+    """Commands-topic partitions the worker's log says it was given last
+    (Faust prints them as ``{0-3}`` or ``{0, 2, 5}``)."""
+    text = engine.log_path.read_text(errors="replace")
+    found = re.findall(r"__commands\s*\|\s*\{([0-9, \-]+)\}", text)
+    partitions: set[int] = set()
+    for part in (found[-1].split(",") if found else []):
+        low, _, high = part.strip().partition("-")
+        partitions |= set(range(int(low), int(high or low) + 1))
+    return partitions
+
+
+def shared_partitions(workers: list[EngineProcess], partitions: int, timeout: float
+                      ) -> list[set[int]]:
+    """The commands partitions each worker's log says it holds, once they
+    hold all ``partitions`` between them, each its own (or at the timeout):
+    a group settles a while after its last join or leave."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = [assigned_partitions(w) for w in workers]
+        if (sum(map(len, held)) == partitions and set().union(*held) == set(range(partitions))
+                or time.monotonic() > deadline):
+            return held
+        time.sleep(0.2)
+
+
 def read_all(client: ServiceBusClient, topic: str, key: bytes, wait_for: Callable[[list], bool],
              timeout: float = 15.0) -> list[dict[str, Any]]:
     consumer = Consumer(client.settings.consumer_config(f"read-{topic}"))
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(specs.ENGINE_PARTITIONS)])
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(DEFAULT_ENGINE_PARTITIONS)])
     records: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     try:

@@ -21,6 +21,7 @@ from topics.commands import (
     decode_reply,
     encode_command,
 )
+from topics.entities import DEFAULT_ENGINE_PARTITIONS
 from topics.errors import ErrorCode
 from topics.offsets import log_end_offsets
 from topics.partitions import command_partition
@@ -44,7 +45,7 @@ def test_garbage_on_every_engine_topic_does_not_stop_the_engine(
     queue = make_queue()
     ns = client.settings.namespace
     producer = raw_producer(client)
-    for topic, partitions in ((names.commands(ns), specs.ENGINE_PARTITIONS),
+    for topic, partitions in ((names.commands(ns), DEFAULT_ENGINE_PARTITIONS),
                               (names.replies(ns), specs.REPLY_PARTITIONS)):
         for partition in range(partitions):
             producer.produce(topic, os.urandom(64), key=os.urandom(8), partition=partition)
@@ -80,10 +81,10 @@ def test_misrouted_command_is_refused(client: ServiceBusClient,
                            exact=client.settings.profile.exact_list_offsets)
     replies.assign([TopicPartition(reply_topic, 0, ends[(reply_topic, 0)])])
     cmd = Command("misrouted-" + queue, queue, 0, StatsArgs(0), ReplyAddress(0, "misrouted-test"))
-    right = command_partition(cmd.window_key, specs.ENGINE_PARTITIONS)
+    right = command_partition(cmd.window_key, DEFAULT_ENGINE_PARTITIONS)
     producer = raw_producer(client)
     producer.produce(names.commands(ns), encode_command(cmd), key=cmd.window_key.encode(),
-                     partition=(right + 1) % specs.ENGINE_PARTITIONS)
+                     partition=(right + 1) % DEFAULT_ENGINE_PARTITIONS)
     assert producer.flush(10) == 0
     deadline = time.monotonic() + 20
     reply = None

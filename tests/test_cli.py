@@ -24,7 +24,8 @@ COMMANDS = [
     *([group, *command] for group in ("queue", "topic", "subscription", "rule")
       for command in ([], ["create"], ["list"], ["show"], ["delete"])),
     ["queue", "sessions"], ["subscription", "sessions"], ["queue", "update"],
-    ["topic", "update"], ["namespace"], ["namespace", "show"], ["namespace", "set"],
+    ["topic", "update"], ["namespace"], ["namespace", "create"], ["namespace", "show"],
+    ["namespace", "set"],
     ["peek"], ["dlq", "list"], ["dlq", "purge"],
 ]
 

@@ -1,11 +1,12 @@
 """Faults of a 3-node Apache Kafka cluster (replication factor 3, two in sync):
 ``kill -9`` of the node leading a queue's partition under load, then the whole
-cluster stopped and started again on its data.
+cluster stopped and started again on its data; ``kill -9`` of one of three
+engine workers sharing a namespace under load.
 
 The cluster is the one a developer runs, ``settlement kafka --brokers 3``: the
 command must keep the two other nodes running when one dies, say so, and
-start the dead one again on its data. The test starts its own cluster and
-engine; the session's broker is not used.
+start the dead one again on its data. Each test starts its own cluster and
+engine workers; the session's broker is not used.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +31,9 @@ from settlement.exceptions import ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
 from spark.audit import run_audit
 from streams.process import EngineProcess
-from tests.helpers import receive_exactly
+from tests.helpers import receive_exactly, shared_partitions
 from topics import names
+from topics.partitions import command_partition
 
 pytestmark = pytest.mark.needs_broker
 TOTAL = 600
@@ -43,8 +46,8 @@ class Load:
     each saw: sends acknowledged, completions that succeeded, and every lock
     each receiver held (so overlapping locks can be found)."""
 
-    def __init__(self, client: ServiceBusClient, queue: str) -> None:
-        self.client, self.queue = client, queue
+    def __init__(self, client: ServiceBusClient, queue: str, total: int = TOTAL) -> None:
+        self.client, self.queue, self.total = client, queue, total
         self.sent: list[tuple[str, float]] = []
         self.completed: list[tuple[str, int, float]] = []  # message id, sequence number, when
         self.locks: list[tuple[int, int, float, float]] = []  # seq, receiver, from, until
@@ -60,7 +63,7 @@ class Load:
 
     def _send(self) -> None:
         with self.client.get_queue_sender(self.queue) as sender:
-            for first in range(0, TOTAL, 10):
+            for first in range(0, self.total, 10):
                 batch = [ServiceBusMessage(f"m{i}", message_id=f"m{i}")
                          for i in range(first, first + 10)]
                 sender.send_messages(batch)  # librdkafka retries across a leader move
@@ -94,6 +97,17 @@ class Load:
         deadline = time.monotonic() + timeout
         while len({c[0] for c in self.completed}) < count and time.monotonic() < deadline:
             time.sleep(0.1)
+
+    def check_each_completed_once(self) -> None:
+        """Every message sent was completed, none twice."""
+        sent_ids = {mid for mid, _ in self.sent}
+        assert len(sent_ids) == self.total, f"{self.queue}: {len(sent_ids)} sent"
+        completed_ids = [mid for mid, _, _ in self.completed]
+        assert set(completed_ids) == sent_ids, (
+            f"{self.queue} lost: {sorted(sent_ids - set(completed_ids))}; "
+            f"errors: {self.errors[-5:]}")
+        assert len(completed_ids) == len(set(completed_ids)), (
+            f"{self.queue}: a message completed twice")
 
     def stop(self) -> None:
         self._stop.set()
@@ -215,11 +229,7 @@ def test_leader_killed_under_load_then_whole_cluster_restarted(
         cluster.wait_for(rf"^node {victim} exited", 10)
         cluster.wait_for(rf"^node {victim} started again: pid \d+", 30)
         assert cluster.running
-        sent_ids = {mid for mid, _ in load.sent}
-        assert len(sent_ids) == TOTAL
-        completed_ids = [mid for mid, _, _ in load.completed]
-        assert set(completed_ids) == sent_ids, f"lost: {sorted(sent_ids - set(completed_ids))}"
-        assert len(completed_ids) == len(set(completed_ids)), "a message completed twice"
+        load.check_each_completed_once()
         assert not _overlapping_locks(load.locks, load.completed)
         report = run_audit(spark, conn, ["work"])
         assert report.ok and report.messages >= TOTAL - 1, report.summary()
@@ -266,4 +276,54 @@ def test_leader_killed_under_load_then_whole_cluster_restarted(
         client.close()
         admin.close()
         engine.stop()
+        cluster.stop()
+
+
+#: Queues of three partitions each whose six windows fall on the six engine
+#: partitions of the namespace below, one each: every worker serves some.
+SPREAD_QUEUES = ("emails", "alerts")
+SCALE_PARTITIONS = 6
+
+
+def test_one_of_three_engine_workers_killed_under_load_loses_nothing(tmp_path: Path) -> None:
+    """A namespace made with six engine partitions, three workers sharing
+    them; ``kill -9`` of one while messages are sent and settled: the two
+    others take its partitions over and every message is completed once."""
+    windows = {command_partition(names.window_key(q, p), SCALE_PARTITIONS)
+               for q in SPREAD_QUEUES for p in range(3)}
+    assert windows == set(range(SCALE_PARTITIONS))
+    cluster = KafkaCommand(tmp_path / "kafka").start()
+    conn = f"Endpoint=kafka://{cluster.bootstrap};Namespace=scale{uuid.uuid4().hex[:6]}"
+    admin = ServiceBusAdministrationClient.from_connection_string(conn)
+    client = ServiceBusClient.from_connection_string(conn)
+    workers = [EngineProcess(conn, tmp_path / f"engine-{i}") for i in range(3)]
+    try:
+        assert admin.create_namespace(engine_partitions=SCALE_PARTITIONS).engine_partitions \
+            == SCALE_PARTITIONS
+        with ThreadPoolExecutor(len(workers)) as pool:
+            list(pool.map(EngineProcess.start, workers))
+        held = shared_partitions(workers, SCALE_PARTITIONS, 60)
+        assert all(held) and set().union(*held) == windows, held
+        for queue in SPREAD_QUEUES:
+            admin.create_queue(queue, lock_duration=5, max_delivery_count=50, partition_count=3)
+        loads = [Load(client, queue, total=300) for queue in SPREAD_QUEUES]
+        for load in loads:
+            load.start()
+        for load in loads:
+            load.wait_until_completed(load.total // 4, 120)
+        victim, *survivors = workers
+        victim.kill()
+        for load in loads:
+            load.wait_until_completed(load.total, 150)
+        for load in loads:
+            load.stop()
+        for load in loads:
+            load.check_each_completed_once()
+        held = shared_partitions(survivors, SCALE_PARTITIONS, 30)
+        assert all(held) and set().union(*held) == windows, held
+    finally:
+        client.close()
+        admin.close()
+        for worker in workers:
+            worker.stop()
         cluster.stop()

@@ -4,7 +4,6 @@ others take its windows over from the changelog."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from settlement import ServiceBusClient, ServiceBusMessage
 from settlement.management import ServiceBusAdministrationClient
 from spark.audit import run_audit
 from streams.process import ROOT, EngineProcess
-from tests.helpers import Broker
+from tests.helpers import Broker, assigned_partitions, shared_partitions
 
 QUEUES = [f"q{i}" for i in range(6)]
 
@@ -28,18 +27,6 @@ def drain(client: ServiceBusClient, queue: str) -> set[str]:
         done |= {r.message.message_id for r in receiver.complete_messages(batch) if r.succeeded}
     receiver.close()
     return done
-
-
-def assigned_partitions(engine: EngineProcess) -> set[int]:
-    """Commands-topic partitions the worker's log says it was given last
-    (Faust prints them as ``{0-3}`` or ``{0, 2, 5}``)."""
-    text = engine.log_path.read_text(errors="replace")
-    found = re.findall(r"__commands\s*\|\s*\{([0-9, \-]+)\}", text)
-    partitions: set[int] = set()
-    for part in (found[-1].split(",") if found else []):
-        low, _, high = part.strip().partition("-")
-        partitions |= set(range(int(low), int(high or low) + 1))
-    return partitions
 
 
 def test_two_workers_share_the_namespace_and_survive_one_stopping(
@@ -55,12 +42,8 @@ def test_two_workers_share_the_namespace_and_survive_one_stopping(
             with client.get_queue_sender(queue) as sender:
                 sender.send_messages([ServiceBusMessage(f"{queue}-{i}", message_id=f"{i}")
                                       for i in range(40)])
-        deadline = time.monotonic() + 20  # the first worker's rebalance may still be logging
-        while time.monotonic() < deadline:
-            one, two = assigned_partitions(first), assigned_partitions(second)
-            if one and two and not one & two and one | two == set(range(8)):
-                break
-            time.sleep(0.2)
+        # the first worker's rebalance may still be logging
+        one, two = shared_partitions([first, second], 8, 20)
         assert one and two and not one & two and one | two == set(range(8)), (one, two)
         halves = {queue: drain(client, queue) for queue in QUEUES[:3]}
         assert all(len(done) == 40 for done in halves.values())

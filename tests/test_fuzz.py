@@ -16,6 +16,7 @@ from confluent_kafka import Producer
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusReceivedMessage
 from settlement.management import ServiceBusAdministrationClient
 from topics import names, specs
+from topics.entities import DEFAULT_ENGINE_PARTITIONS
 from topics.partitions import command_partition
 
 SEED = 20261122
@@ -100,7 +101,7 @@ def fuzz(rng: random.Random, ns: str, queue: str) -> Iterator[tuple[str, bytes |
                                                                   bytes | None, int]]:
     """``RECORDS`` records: (topic, key, value, partition)."""
     commands, key = names.commands(ns), f"{queue}#0".encode()
-    right = command_partition(key.decode(), specs.ENGINE_PARTITIONS)
+    right = command_partition(key.decode(), DEFAULT_ENGINE_PARTITIONS)
     for i in range(RECORDS):
         kind = rng.choice(["garbage", "garbage_json", "mistyped", "forged", "forged",
                            "stolen_token", "misrouted", "entities", "replies"])
@@ -125,7 +126,7 @@ def fuzz(rng: random.Random, ns: str, queue: str) -> Iterator[tuple[str, bytes |
             yield commands, key, json.dumps(command_body(rng, queue, "settle")).encode(), right
         elif kind == "misrouted":
             body = command_body(rng, queue, rng.choice(("settle", "stats", "expire")))
-            yield commands, key, json.dumps(body).encode(), (right + 1) % specs.ENGINE_PARTITIONS
+            yield commands, key, json.dumps(body).encode(), (right + 1) % DEFAULT_ENGINE_PARTITIONS
         elif kind == "entities":  # definitions of queues that are not there, and garbage
             yield names.entities(ns), f"fuzz-{rng.getrandbits(16):x}".encode(), rng.choice(
                 [rng.randbytes(50), b'{"lock_duration": "soon"}', b"[]"]), 0

@@ -23,6 +23,7 @@ from tests.helpers import Broker
 from topics import names, specs
 from topics.commands import StatsArgs, decode_command
 from topics.connection import parse_connection_string
+from topics.entities import DEFAULT_ENGINE_PARTITIONS
 
 ATTEMPT_S = 1.0
 
@@ -63,7 +64,7 @@ def _commands_of(broker: Broker, namespace: str, command_id: str, expected: int
     conn = parse_connection_string(broker.connection_string(namespace))
     consumer = Consumer(conn.consumer_config("retries-test"))
     topic = names.commands(namespace)
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(specs.ENGINE_PARTITIONS)])
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(DEFAULT_ENGINE_PARTITIONS)])
     found: list[float] = []
     deadline = time.monotonic() + 10
     try:
@@ -85,8 +86,8 @@ def test_an_engine_that_does_not_answer_is_retried_as_the_policy_says(
         broker: Broker, mode: str, factor: float, expected_waits: list[float]) -> None:
     namespace = f"r{uuid.uuid4().hex[:8]}"  # provisioned, but no engine runs for it
     settings = parse_connection_string(broker.connection_string(namespace))
-    specs.provision(AdminClient(settings.kafka_config()), specs.namespace_topics(namespace),
-                    settings.profile.replication_factor)
+    specs.provision_namespace(AdminClient(settings.kafka_config()), namespace,
+                              settings.profile.replication_factor)
     policy = RetryPolicy.from_options(retry_total=len(expected_waits),
                                       retry_backoff_factor=factor, retry_mode=mode)
     link = EngineLink(settings, attempt_timeout=ATTEMPT_S, retry=policy)

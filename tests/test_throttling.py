@@ -27,9 +27,10 @@ from settlement import (
 from settlement.exceptions import QuotaExceededError, ServerBusyError
 from settlement.management import ServiceBusAdministrationClient
 from streams.throttle import REPORT_EVERY_S, CommandThrottle, TokenBucket
-from topics import names, specs
+from topics import names
 from topics.commands import Command, decode_command
 from topics.connection import parse_connection_string
+from topics.entities import DEFAULT_ENGINE_PARTITIONS
 from topics.offsets import log_end_offsets, take
 from topics.partitions import command_partition
 
@@ -170,7 +171,7 @@ class _CommandLog:
         settings = parse_connection_string(conn)
         self._key = window_key.encode()
         tp = (names.commands(settings.namespace),
-              command_partition(window_key, specs.ENGINE_PARTITIONS))
+              command_partition(window_key, DEFAULT_ENGINE_PARTITIONS))
         self._consumer = Consumer(settings.consumer_config(f"cmdlog-{uuid.uuid4().hex[:8]}"))
         start = log_end_offsets(self._consumer, [tp],
                                 exact=settings.profile.exact_list_offsets)[tp]

@@ -16,10 +16,10 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic, TopicMetadata
 
 from topics import names
+from topics.entities.namespace import DEFAULT_ENGINE_PARTITIONS
 
 log = logging.getLogger(__name__)
 
-ENGINE_PARTITIONS = 8
 REPLY_PARTITIONS = 8
 #: the engine's Faust tables: window headers, and everything else of the windows
 ENGINE_TABLES = ("headers", "entries")
@@ -37,20 +37,22 @@ class TopicSpec:
     config: dict[str, str] = field(default_factory=dict)
 
 
-def namespace_topics(namespace: str) -> list[TopicSpec]:
-    """Topics the engine and every client of a namespace share."""
+def namespace_topics(namespace: str, engine_partitions: int) -> list[TopicSpec]:
+    """Topics the engine and every client of a namespace share. The commands,
+    events and state topics are keyed by window and co-partitioned: each has
+    the namespace's ``engine_partitions``."""
     compact = {"cleanup.policy": "compact"}
     return [
         # Stamped by the broker: a settlement is judged by when it reached the
         # log (docs/settlement-by-log.md).
-        TopicSpec(names.commands(namespace), ENGINE_PARTITIONS,
+        TopicSpec(names.commands(namespace), engine_partitions,
                   {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS),
                    "message.timestamp.type": "LogAppendTime"}),
         TopicSpec(names.replies(namespace), REPLY_PARTITIONS,
                   {"cleanup.policy": "delete", "retention.ms": str(_DAY_MS)}),
-        TopicSpec(names.events(namespace), ENGINE_PARTITIONS,
+        TopicSpec(names.events(namespace), engine_partitions,
                   {"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS)}),
-        TopicSpec(names.state(namespace), ENGINE_PARTITIONS, compact),
+        TopicSpec(names.state(namespace), engine_partitions, compact),
         TopicSpec(names.entities(namespace), 1, compact),
         # a monitor subscribes to it on every namespace: paired clients of
         # other namespaces report to it when this one is their secondary
@@ -58,13 +60,31 @@ def namespace_topics(namespace: str) -> list[TopicSpec]:
     ]
 
 
-def engine_tables(namespace: str) -> list[TopicSpec]:
-    """The changelogs of the engine's tables, created before Faust starts.
-    Faust would create them itself, but on a cluster it reads the new topic's
-    partition count before its metadata has spread, finds 0 partitions and
-    refuses every table write (``PartitionsMismatch``)."""
-    return [TopicSpec(names.table_changelog(namespace, table), ENGINE_PARTITIONS,
+def engine_tables(namespace: str, engine_partitions: int) -> list[TopicSpec]:
+    """The changelogs of the engine's tables, co-partitioned with the commands
+    topic, created before Faust starts. Faust would create them itself, but
+    on a cluster it reads the new topic's partition count before its metadata
+    has spread, finds 0 partitions and refuses every table write
+    (``PartitionsMismatch``)."""
+    return [TopicSpec(names.table_changelog(namespace, table), engine_partitions,
                       {"cleanup.policy": "compact"}) for table in ENGINE_TABLES]
+
+
+def provision_namespace(admin: AdminClient, namespace: str, replication_factor: int,
+                        engine_partitions: int = DEFAULT_ENGINE_PARTITIONS) -> int:
+    """Create what is missing of the namespace's topics and of its engine
+    tables' changelogs; return its engine partitions.
+
+    A namespace's engine partitions are its commands topic's partition count:
+    ``engine_partitions`` for a namespace made now, its own for one that
+    exists (the caller compares when it asked for a count). They never change
+    afterwards: each window's commands partition, hence the worker and the
+    table partition holding its state, follows from the count."""
+    existing = partition_count(admin, names.commands(namespace))
+    count = existing or engine_partitions
+    provision(admin, namespace_topics(namespace, count) + engine_tables(namespace, count),
+              replication_factor)
+    return count
 
 
 def entity_topics(namespace: str, entity: str, partitions: int, *, topic: bool = False
@@ -127,8 +147,9 @@ def _wait_for_leaders(admin: AdminClient, specs: list[TopicSpec], timeout: float
 
 
 def partition_count(admin: AdminClient, topic: str, timeout: float = 10.0) -> int:
-    """Partitions of an existing topic, 0 when it does not exist."""
-    found = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+    """Partitions of an existing topic, 0 when it does not exist. Looked up
+    in the list of every topic: Tansu creates a topic asked for by name."""
+    found = admin.list_topics(timeout=timeout).topics.get(topic)
     if found is None or found.error is not None:
         return 0
     return len(found.partitions)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -41,10 +42,12 @@ from topics.connection import (
     settings_from_credential,
 )
 from topics.entities import (
+    DEFAULT_ENGINE_PARTITIONS,
     NAMESPACE_KEY,
     NamespaceProperties,
     QueueProperties,
     SubscriptionProperties,
+    validate_engine_partitions,
 )
 
 log = logging.getLogger(__name__)
@@ -114,7 +117,7 @@ class ServiceBusAdministrationClient(TopicAdministration):
         options = sdk_options("create_queue", QueueProperties, kwargs)
         props = validated_log(validated(QueueProperties(queue_name, **options)))
         props.updated_at_utc = props.created_at_utc
-        self._provision(specs.namespace_topics(self._settings.namespace))
+        self._provision_namespace()
         if self._registry.exists(queue_name):
             raise MessagingEntityAlreadyExistsError(
                 f"queue or topic {queue_name!r} already exists in namespace "
@@ -137,10 +140,34 @@ class ServiceBusAdministrationClient(TopicAdministration):
         self._engine_follows(props.name, props.partition_count,
                              self._registry.put(props, props.name))
 
+    def create_namespace(self, *, engine_partitions: int = DEFAULT_ENGINE_PARTITIONS
+                         ) -> NamespaceProperties:
+        """Make the namespace of the connection string: its topics, with
+        ``engine_partitions`` engine partitions (1 to 256), the most engine
+        workers it can use. Not an SDK call (Azure makes namespaces elsewhere);
+        without it the first engine worker or administration call makes the
+        namespace with 8. Nothing changes for a namespace that exists with
+        that count; one that exists with another raises
+        ``ResourceExistsError`` (:class:`MessagingEntityAlreadyExistsError`):
+        the count cannot change, each window's partition follows from it."""
+        wanted = validate_engine_partitions(engine_partitions)
+        count = self._provision_namespace(wanted)
+        if count != wanted:
+            raise MessagingEntityAlreadyExistsError(
+                f"namespace {self._settings.namespace!r} exists with {count} engine "
+                f"partitions, not {wanted}: the count is fixed when a namespace is made, "
+                "because it places every window of the namespace. Make a new namespace "
+                "with the count you need and move the entities to it")
+        return self.get_namespace_properties()
+
     def get_namespace_properties(self, **kwargs: Any) -> NamespaceProperties:
-        """The namespace's settings: its limit of engine commands per second."""
+        """The namespace's settings: its limit of engine commands per second,
+        and its engine partitions (0 if the namespace was never made)."""
         refuse_admin("get_namespace_properties", kwargs)
-        return self._registry.namespace_properties()
+        props = self._registry.namespace_properties()
+        props.engine_partitions = specs.partition_count(
+            self._admin, names.commands(self._settings.namespace))
+        return props
 
     def update_namespace_properties(self, *, max_commands_per_second: int | None
                                     ) -> NamespaceProperties:
@@ -151,14 +178,29 @@ class ServiceBusAdministrationClient(TopicAdministration):
         returns (the engine has read it)."""
         props = NamespaceProperties(self._settings.namespace, positive_or_none(
             max_commands_per_second, "max_commands_per_second"))
-        self._provision(specs.namespace_topics(self._settings.namespace))
+        props.engine_partitions = self._provision_namespace()
         self._engine_follows(NAMESPACE_KEY, 1, self._registry.put(props, NAMESPACE_KEY))
         return props
 
+    def _provision_namespace(self, engine_partitions: int = DEFAULT_ENGINE_PARTITIONS) -> int:
+        """Make the namespace if it was not made (:func:`specs.provision_namespace`);
+        its engine partitions."""
+        with self._provisioning():
+            return specs.provision_namespace(self._admin, self._settings.namespace,
+                                             self._settings.profile.replication_factor,
+                                             engine_partitions)
+
     def _provision(self, topics: list[specs.TopicSpec]) -> None:
+        with self._provisioning():
+            specs.provision(self._admin, topics, self._settings.profile.replication_factor)
+
+    @contextmanager
+    def _provisioning(self) -> Iterator[None]:
+        """Signed in, and a topic creation the broker refuses for want of
+        the Manage right raised as the SDK's authorization error."""
         self._sign_in()
         try:
-            specs.provision(self._admin, topics, self._settings.profile.replication_factor)
+            yield
         except specs.ProvisioningError as exc:
             cause = exc.__cause__
             refused = isinstance(cause, KafkaException) and denied(

@@ -35,6 +35,7 @@ from settlement.management._validation import (
 from topics import names, specs
 from topics.connection import ConnectionSettings
 from topics.entities import (
+    DEFAULT_ENGINE_PARTITIONS,
     RuleFilter,
     RuleProperties,
     SqlRuleAction,
@@ -63,6 +64,9 @@ class TopicAdministration:
     def _provision(self, topics: list[specs.TopicSpec]) -> None:
         raise NotImplementedError
 
+    def _provision_namespace(self, engine_partitions: int = DEFAULT_ENGINE_PARTITIONS) -> int:
+        raise NotImplementedError
+
     def _engine_follows(self, name: str, partitions: int, version: int) -> None:
         raise NotImplementedError
 
@@ -80,7 +84,7 @@ class TopicAdministration:
         options = sdk_options("create_topic", TopicProperties, kwargs)
         props = validated_log(TopicProperties(topic_name, **options))
         props.updated_at_utc = props.created_at_utc
-        self._provision(specs.namespace_topics(self._settings.namespace))
+        self._provision_namespace()
         self._refuse_existing(topic_name, "get_topic, or delete_topic first")
         self._provision(specs.entity_topics(self._settings.namespace, topic_name,
                                             props.partition_count, topic=True))

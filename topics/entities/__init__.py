@@ -4,7 +4,13 @@ entities topic and the engine and Spark read them back (JSON, one record per
 entity; see :mod:`topics.entities.json_form`)."""
 
 from topics.entities.definition import Definition, load_definition
-from topics.entities.namespace import NAMESPACE_KEY, NamespaceProperties
+from topics.entities.namespace import (
+    DEFAULT_ENGINE_PARTITIONS,
+    MAX_ENGINE_PARTITIONS,
+    NAMESPACE_KEY,
+    NamespaceProperties,
+    validate_engine_partitions,
+)
 from topics.entities.queue import QueueProperties
 from topics.entities.rule import (
     CorrelationRuleFilter,
@@ -18,8 +24,9 @@ from topics.entities.rule import (
 from topics.entities.topic import SubscriptionProperties, TopicProperties
 
 __all__ = [
-    "NAMESPACE_KEY", "CorrelationRuleFilter", "Definition", "FalseRuleFilter",
+    "DEFAULT_ENGINE_PARTITIONS", "MAX_ENGINE_PARTITIONS", "NAMESPACE_KEY", "CorrelationRuleFilter",
+    "Definition", "FalseRuleFilter",
     "NamespaceProperties", "QueueProperties", "RuleFilter", "RuleProperties", "SqlRuleAction",
     "SqlRuleFilter", "SubscriptionProperties", "TopicProperties", "TrueRuleFilter",
-    "load_definition",
+    "load_definition", "validate_engine_partitions",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+from collections.abc import Collection
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -18,11 +19,14 @@ else:
     D = TypeVar("D")
 
 
-def definition_json(kind: str, definition: DataclassInstance) -> bytes:
+def definition_json(kind: str, definition: DataclassInstance,
+                    leave_out: Collection[str] = ()) -> bytes:
     """A definition dataclass as stored: durations in seconds, times in ISO
-    8601, and its ``kind``."""
+    8601, and its ``kind``; without the fields ``leave_out`` (kept elsewhere)."""
     body: dict[str, Any] = {"kind": kind}
     for key, value in asdict(definition).items():
+        if key in leave_out:
+            continue
         if isinstance(value, dt.timedelta):
             value = value.total_seconds()
         elif isinstance(value, dt.datetime):

@@ -73,6 +73,7 @@ class ServiceBusAdministrationClient:
         self._sync = sync
         self._offload = Offloader(_WORKERS)
 
+    create_namespace = _awaitable("create_namespace")
     get_namespace_properties = _awaitable("get_namespace_properties")
     update_namespace_properties = _awaitable("update_namespace_properties")
 
