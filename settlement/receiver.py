@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -213,27 +213,42 @@ class ServiceBusReceiver:
 
     def _receive(self, want: int, max_wait_time: float | None
                  ) -> list[ServiceBusReceivedMessage]:
-        self._check_open()
-        self._open()
-        got = self._fresh(self._read_ahead.take(want)) if self._read_ahead else []
+        got = self._take_ready(want)
         if not got:
-            got = self._wait_for_messages(want, max_wait_time)
-        if self._read_ahead and want >= read_ahead.MIN_BATCH and len(got) == want:
-            self._read_ahead.start(want)  # busy: lock the next batch meanwhile
+            for pause in self._pauses(max_wait_time):
+                time.sleep(pause)
+                got = self._receive_round(want)
+                if got:
+                    break
+        self._read_ahead_next(want, got)
         return got
 
-    def _wait_for_messages(self, want: int, max_wait_time: float | None
-                           ) -> list[ServiceBusReceivedMessage]:
+    def _take_ready(self, want: int) -> list[ServiceBusReceivedMessage]:
+        """The first step of a receive: check the receiver is open, lock its
+        session on first use, and take what was read ahead (locked)."""
+        self._check_open()
+        self._open()
+        return self._fresh(self._read_ahead.take(want)) if self._read_ahead else []
+
+    def _pauses(self, max_wait_time: float | None) -> Iterator[float]:
+        """The pauses before each round of a receive that waits for messages
+        (the first is 0): more and more apart, up to 0.2 s, until
+        ``max_wait_time`` (the receiver's own when None) has passed. The
+        asyncio receiver waits them out on its event loop, not a thread."""
         wait = self._max_wait_time if max_wait_time is None else max_wait_time
         deadline = None if wait is None else time.monotonic() + wait
         pause = 0.005
-        while True:
-            got = self._receive_round(want)
-            if got or (deadline is not None and time.monotonic() >= deadline):
-                return got
+        yield 0.0
+        while deadline is None or time.monotonic() < deadline:
             remaining = 0.2 if deadline is None else deadline - time.monotonic()
-            time.sleep(max(0.0, min(pause, remaining)))
+            yield max(0.0, min(pause, remaining))
             pause = min(pause * 2, 0.2)
+
+    def _read_ahead_next(self, want: int, got: list[ServiceBusReceivedMessage]) -> None:
+        """After a receive: a busy queue (a large batch came back full) has
+        its next batch locked in the background meanwhile."""
+        if self._read_ahead and want >= read_ahead.MIN_BATCH and len(got) == want:
+            self._read_ahead.start(want)
 
     def _fresh(self, batch: list[ServiceBusReceivedMessage]) -> list[ServiceBusReceivedMessage]:
         """A batch read ahead, if at least half of its locks' time is left;
@@ -352,7 +367,6 @@ class ServiceBusReceiver:
         not yet handed out when the loop ends are released at once, without
         counting a delivery."""
         want = self._prefetch
-        lock_s = self._props.lock_duration.total_seconds()
         while not self._closed:
             batch = self._receive(want, self._max_wait_time)
             if not batch:
@@ -366,9 +380,17 @@ class ServiceBusReceiver:
                     yield message
             finally:
                 self._release(batch[handed:])
-            if self._prefetch == 1:  # no prefetch_count: adapt to the application
-                fast = time.monotonic() - started < lock_s / 10
-                want = min(want * 2, _LOOP_PREFETCH) if fast else 1
+            want = self._loop_want(want, started)
+
+    def _loop_want(self, want: int, started: float) -> int:
+        """How many messages a receiver's loop locks next, after handing out
+        a batch of ``want`` from ``started`` (``time.monotonic()``) on: with a
+        ``prefetch_count``, that many; without, twice as many while the
+        application keeps up (up to :data:`_LOOP_PREFETCH`), one otherwise."""
+        if self._prefetch > 1:
+            return want
+        fast = time.monotonic() - started < self._props.lock_duration.total_seconds() / 10
+        return min(want * 2, _LOOP_PREFETCH) if fast else 1
 
     def _release(self, messages: list[ServiceBusReceivedMessage]) -> None:
         if messages and not self._closed and self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK:
