@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from settlement import _read_ahead as read_ahead
+from settlement import _waits as waits
 from settlement import message_records
 from settlement._engine_link import EngineLink, check_reply
 from settlement._keywords import check_timeout, refuse
@@ -180,19 +181,34 @@ class ServiceBusReceiver:
         return f"Receiver client id: {self.client_identifier}, entity: {self.entity_path}"
 
     def _open(self) -> None:
-        """Lock the session of a session receiver, on its first use; the
-        receiver's ``auto_lock_renewer`` then keeps the session's lock."""
-        if self._session is None or self._closed:
+        """Lock the session of a session receiver, on its first use (for
+        NEXT_AVAILABLE_SESSION, waiting for a free one up to the receiver's
+        ``max_wait_time``); the receiver's ``auto_lock_renewer`` then keeps
+        the session's lock."""
+        if self._session is None or self._closed or self._session.locked_until_utc is not None:
             return
-        locked = self._session.locked_until_utc is not None
+        for pause in self._session.pauses():
+            time.sleep(pause)
+            if self._try_open():
+                return
+        raise self._session.none_available()
+
+    def _try_open(self) -> bool:
+        """One try at locking the session (True: locked, or none to lock;
+        False: no session was free)."""
+        if self._session is None or self._closed or self._session.locked_until_utc is not None:
+            return True
         # Peek-lock: the session's first messages come with its lock (one
         # round trip instead of two); handed out by the receives that follow.
         first = _LOOP_PREFETCH if self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK else 0
-        grants = self._session.open(first)
+        grants = self._session.try_open(first)
+        if grants is None:
+            return False
         if grants:
             self._unseen = self._materialize(self._session.partition, grants)
-        if not locked and self._auto_lock_renewer is not None:
+        if self._auto_lock_renewer is not None:
             self._auto_lock_renewer.register(self, self._session)
+        return True
 
     def _renew_automatically(self, messages: list[ServiceBusReceivedMessage]) -> None:
         """Hand locked messages to the receiver's ``auto_lock_renewer``, as the SDK does."""
@@ -231,18 +247,10 @@ class ServiceBusReceiver:
         return self._fresh(self._read_ahead.take(want)) if self._read_ahead else []
 
     def _pauses(self, max_wait_time: float | None) -> Iterator[float]:
-        """The pauses before each round of a receive that waits for messages
-        (the first is 0): more and more apart, up to 0.2 s, until
-        ``max_wait_time`` (the receiver's own when None) has passed. The
-        asyncio receiver waits them out on its event loop, not a thread."""
-        wait = self._max_wait_time if max_wait_time is None else max_wait_time
-        deadline = None if wait is None else time.monotonic() + wait
-        pause = 0.005
-        yield 0.0
-        while deadline is None or time.monotonic() < deadline:
-            remaining = 0.2 if deadline is None else deadline - time.monotonic()
-            yield max(0.0, min(pause, remaining))
-            pause = min(pause * 2, 0.2)
+        """The pauses before each round of a receive that waits for messages,
+        until ``max_wait_time`` (the receiver's own when None) has passed."""
+        return waits.pauses(self._max_wait_time if max_wait_time is None else max_wait_time,
+                            0.005, 0.2)
 
     def _read_ahead_next(self, want: int, got: list[ServiceBusReceivedMessage]) -> None:
         """After a receive: a busy queue (a large batch came back full) has

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from settlement import NEXT_AVAILABLE_SESSION
 from settlement.aio import ServiceBusClient, ServiceBusReceiver
 from settlement.exceptions import MessageAlreadySettled
 from settlement.management import ServiceBusAdministrationClient as SyncAdmin
@@ -134,6 +135,44 @@ def test_cancelling_a_task_in_async_for_releases_what_it_locked_ahead(
                     await breaking.complete_message(message)
                     break
             await received_back(other, [b for b in bodies if b != str(message)])
+
+    run(main())
+
+
+@pytest.mark.tansu
+def test_a_cancelled_wait_for_a_session_leaves_it_free(
+        conn: str, make_queue: Callable[..., str]) -> None:
+    queue = make_queue(lock_duration=30, requires_session=True)
+
+    async def take_session(client: ServiceBusClient, bodies: list[str]) -> None:
+        async with client.get_queue_receiver(queue, session_id=NEXT_AVAILABLE_SESSION,
+                                             max_wait_time=10) as other:
+            await received_back(other, bodies)
+
+    async def main() -> None:
+        async with ServiceBusClient.from_connection_string(conn) as client:
+            # waiting for a session when cancelled: it stops waiting
+            waiting = client.get_queue_receiver(queue, session_id=NEXT_AVAILABLE_SESSION,
+                                                max_wait_time=20)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(waiting.__aenter__(), 1)
+            await send(client, queue, "s1", "s2", session_id="cart-0")
+            await take_session(client, ["s1", "s2"])
+            # cancelled at any point of locking a free session: released at once
+            for trial, delay in enumerate([0, 0.002, 0.005, 0.01, 0.02, 0.04]):
+                bodies = [f"t{trial}-{i}" for i in range(2)]
+                await send(client, queue, *bodies, session_id=f"cart-{trial + 1}")
+                opening = client.get_queue_receiver(queue, session_id=NEXT_AVAILABLE_SESSION,
+                                                    max_wait_time=5)
+                task = asyncio.create_task(opening.__aenter__())
+                await asyncio.sleep(delay)
+                task.cancel()
+                [outcome] = await asyncio.gather(task, return_exceptions=True)
+                if outcome is opening:  # it opened before the cancel came
+                    await opening.close()
+                else:
+                    assert isinstance(outcome, asyncio.CancelledError)
+                await take_session(client, bodies)
 
     run(main())
 

@@ -72,10 +72,28 @@ class ServiceBusReceiver:
                 if self._sync is None:
                     receiver = await self._offload.run(self._make, if_abandoned=SyncReceiver.close,
                                                        **self._renewal())
-                    await self._offload.run(receiver._open,
-                                            if_abandoned=lambda _: receiver.close())
+                    try:
+                        await self._open(receiver)
+                    except BaseException:  # after a try in flight has released what it locked
+                        await self._offload.wait_abandoned()
+                        await self._offload.run_to_end(receiver.close)
+                        raise
                     self._sync = receiver
         return self._sync
+
+    async def _open(self, receiver: SyncReceiver) -> None:
+        """The sync receiver's ``_open``, its waits for a free session on the
+        event loop; a session locked after its caller was cancelled is
+        released at once."""
+        session = receiver.session
+        if session is None:
+            return
+        for pause in session.pauses():
+            await asyncio.sleep(pause)
+            if await self._offload.run(receiver._try_open,
+                                       if_abandoned=lambda _: receiver.close()):
+                return
+        raise session.none_available()
 
     def _renewal(self) -> dict[str, Any]:
         """The sync receiver's ``auto_lock_renewer``, made for this receiver
