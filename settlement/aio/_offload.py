@@ -6,7 +6,7 @@ client's own pool, so they neither block the loop nor take the loop's default
 executor from the application.
 
 A thread cannot be stopped, so cancelling an await of such a call is made
-safe in one of two ways (see docs in ``ServiceBusReceiver``):
+safe in one of two ways (what each asyncio call does: :mod:`settlement.aio._receiver`):
 
 * :meth:`Offloader.run` with ``if_abandoned``: the caller goes at once; what
   the call still does once its caller is gone (a receive that locks
