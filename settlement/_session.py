@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from settlement import _waits as waits
 from settlement._engine_link import EngineLink, check_reply
 from settlement._keywords import check_timeout, refuse
 from settlement.exceptions import (
@@ -127,25 +128,42 @@ class ServiceBusSession:
         """Lock the session, unless this receiver holds it already (or held
         it: a lost session is not taken again, as in the SDK). ``first``:
         lock up to that many of its first messages with it, and return their
-        grants (none when the session was locked before)."""
+        grants (none when the session was locked before). A
+        NEXT_AVAILABLE_SESSION receiver waits for a free session up to its
+        ``max_wait_time``."""
+        for pause in self.pauses():
+            time.sleep(pause)
+            grants = self.try_open(first)
+            if grants is not None:
+                return grants
+        raise self.none_available()
+
+    def try_open(self, first: int = 0) -> list[Grant] | None:
+        """:meth:`open` without waiting: None when no session was free."""
         if self._token is not None:
             return []
         if self._session_id is not None:
             return self._lock(self.partition, self._session_id, first) or []
-        wait = DEFAULT_SESSION_WAIT_S if self._max_wait_time is None else self._max_wait_time
-        deadline = time.monotonic() + wait
-        pause = 0.01
-        while True:
-            for partition in range(self._partitions):
-                grants = self._lock(partition, None, first)
-                if grants is not None:
-                    return grants
-            if time.monotonic() >= deadline:
-                raise OperationTimeoutError(
-                    f"no session of {self._entity} became available within {wait:g} s "
-                    "(every session with messages is locked, or none has messages)")
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 2, 0.25)
+        for partition in range(self._partitions):
+            grants = self._lock(partition, None, first)
+            if grants is not None:
+                return grants
+        return None
+
+    def pauses(self) -> Iterator[float]:
+        """The pauses between tries of a NEXT_AVAILABLE_SESSION receiver
+        waiting for a free session, up to its ``max_wait_time``."""
+        return waits.pauses(self._wait(), 0.01, 0.25)
+
+    def _wait(self) -> float:
+        return DEFAULT_SESSION_WAIT_S if self._max_wait_time is None else self._max_wait_time
+
+    def none_available(self) -> OperationTimeoutError:
+        """The error of a NEXT_AVAILABLE_SESSION receiver that found no free
+        session within its ``max_wait_time``."""
+        return OperationTimeoutError(
+            f"no session of {self._entity} became available within {self._wait():g} s "
+            "(every session with messages is locked, or none has messages)")
 
     def _lock(self, partition: int, session_id: str | None, first: int) -> list[Grant] | None:
         """The grants of the session's first messages once locked; None

@@ -16,12 +16,13 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from settlement import _read_ahead as read_ahead
+from settlement import _waits as waits
 from settlement import message_records
 from settlement._engine_link import EngineLink, check_reply
 from settlement._keywords import check_timeout, refuse
@@ -180,19 +181,34 @@ class ServiceBusReceiver:
         return f"Receiver client id: {self.client_identifier}, entity: {self.entity_path}"
 
     def _open(self) -> None:
-        """Lock the session of a session receiver, on its first use; the
-        receiver's ``auto_lock_renewer`` then keeps the session's lock."""
-        if self._session is None or self._closed:
+        """Lock the session of a session receiver, on its first use (for
+        NEXT_AVAILABLE_SESSION, waiting for a free one up to the receiver's
+        ``max_wait_time``); the receiver's ``auto_lock_renewer`` then keeps
+        the session's lock."""
+        if self._session is None or self._closed or self._session.locked_until_utc is not None:
             return
-        locked = self._session.locked_until_utc is not None
+        for pause in self._session.pauses():
+            time.sleep(pause)
+            if self._try_open():
+                return
+        raise self._session.none_available()
+
+    def _try_open(self) -> bool:
+        """One try at locking the session (True: locked, or none to lock;
+        False: no session was free)."""
+        if self._session is None or self._closed or self._session.locked_until_utc is not None:
+            return True
         # Peek-lock: the session's first messages come with its lock (one
         # round trip instead of two); handed out by the receives that follow.
         first = _LOOP_PREFETCH if self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK else 0
-        grants = self._session.open(first)
+        grants = self._session.try_open(first)
+        if grants is None:
+            return False
         if grants:
             self._unseen = self._materialize(self._session.partition, grants)
-        if not locked and self._auto_lock_renewer is not None:
+        if self._auto_lock_renewer is not None:
             self._auto_lock_renewer.register(self, self._session)
+        return True
 
     def _renew_automatically(self, messages: list[ServiceBusReceivedMessage]) -> None:
         """Hand locked messages to the receiver's ``auto_lock_renewer``, as the SDK does."""
@@ -213,27 +229,34 @@ class ServiceBusReceiver:
 
     def _receive(self, want: int, max_wait_time: float | None
                  ) -> list[ServiceBusReceivedMessage]:
-        self._check_open()
-        self._open()
-        got = self._fresh(self._read_ahead.take(want)) if self._read_ahead else []
+        got = self._take_ready(want)
         if not got:
-            got = self._wait_for_messages(want, max_wait_time)
-        if self._read_ahead and want >= read_ahead.MIN_BATCH and len(got) == want:
-            self._read_ahead.start(want)  # busy: lock the next batch meanwhile
+            for pause in self._pauses(max_wait_time):
+                time.sleep(pause)
+                got = self._receive_round(want)
+                if got:
+                    break
+        self._read_ahead_next(want, got)
         return got
 
-    def _wait_for_messages(self, want: int, max_wait_time: float | None
-                           ) -> list[ServiceBusReceivedMessage]:
-        wait = self._max_wait_time if max_wait_time is None else max_wait_time
-        deadline = None if wait is None else time.monotonic() + wait
-        pause = 0.005
-        while True:
-            got = self._receive_round(want)
-            if got or (deadline is not None and time.monotonic() >= deadline):
-                return got
-            remaining = 0.2 if deadline is None else deadline - time.monotonic()
-            time.sleep(max(0.0, min(pause, remaining)))
-            pause = min(pause * 2, 0.2)
+    def _take_ready(self, want: int) -> list[ServiceBusReceivedMessage]:
+        """The first step of a receive: check the receiver is open, lock its
+        session on first use, and take what was read ahead (locked)."""
+        self._check_open()
+        self._open()
+        return self._fresh(self._read_ahead.take(want)) if self._read_ahead else []
+
+    def _pauses(self, max_wait_time: float | None) -> Iterator[float]:
+        """The pauses before each round of a receive that waits for messages,
+        until ``max_wait_time`` (the receiver's own when None) has passed."""
+        return waits.pauses(self._max_wait_time if max_wait_time is None else max_wait_time,
+                            0.005, 0.2)
+
+    def _read_ahead_next(self, want: int, got: list[ServiceBusReceivedMessage]) -> None:
+        """After a receive: a busy queue (a large batch came back full) has
+        its next batch locked in the background meanwhile."""
+        if self._read_ahead and want >= read_ahead.MIN_BATCH and len(got) == want:
+            self._read_ahead.start(want)
 
     def _fresh(self, batch: list[ServiceBusReceivedMessage]) -> list[ServiceBusReceivedMessage]:
         """A batch read ahead, if at least half of its locks' time is left;
@@ -352,7 +375,6 @@ class ServiceBusReceiver:
         not yet handed out when the loop ends are released at once, without
         counting a delivery."""
         want = self._prefetch
-        lock_s = self._props.lock_duration.total_seconds()
         while not self._closed:
             batch = self._receive(want, self._max_wait_time)
             if not batch:
@@ -366,9 +388,17 @@ class ServiceBusReceiver:
                     yield message
             finally:
                 self._release(batch[handed:])
-            if self._prefetch == 1:  # no prefetch_count: adapt to the application
-                fast = time.monotonic() - started < lock_s / 10
-                want = min(want * 2, _LOOP_PREFETCH) if fast else 1
+            want = self._loop_want(want, started)
+
+    def _loop_want(self, want: int, started: float) -> int:
+        """How many messages a receiver's loop locks next, after handing out
+        a batch of ``want`` from ``started`` (``time.monotonic()``) on: with a
+        ``prefetch_count``, that many; without, twice as many while the
+        application keeps up (up to :data:`_LOOP_PREFETCH`), one otherwise."""
+        if self._prefetch > 1:
+            return want
+        fast = time.monotonic() - started < self._props.lock_duration.total_seconds() / 10
+        return min(want * 2, _LOOP_PREFETCH) if fast else 1
 
     def _release(self, messages: list[ServiceBusReceivedMessage]) -> None:
         if messages and not self._closed and self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK:

@@ -4,36 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from settlement import NEXT_AVAILABLE_SESSION, ServiceBusMessage, ServiceBusSubQueue
-from settlement.aio import AutoLockRenewer, ServiceBusClient, ServiceBusReceiver
+from settlement import NEXT_AVAILABLE_SESSION, ServiceBusSubQueue
+from settlement.aio import AutoLockRenewer, ServiceBusClient
 from settlement.aio.management import ServiceBusAdministrationClient
 from settlement.exceptions import MessageAlreadySettled
 from settlement.management import ServiceBusAdministrationClient as SyncAdmin
-
-
-def run(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Tests are sync functions that run their coroutine (no pytest-asyncio)."""
-    return asyncio.run(coro)
-
-
-async def send(client: ServiceBusClient, queue: str, *bodies: str, **options: Any) -> None:
-    async with client.get_queue_sender(queue) as sender:
-        await sender.send_messages([ServiceBusMessage(b, message_id=b, **options)
-                                    for b in bodies])
-
-
-async def receive_all(receiver: ServiceBusReceiver, count: int) -> list[Any]:
-    got: list[Any] = []
-    while len(got) < count:
-        batch = await receiver.receive_messages(count - len(got), max_wait_time=10)
-        assert batch, f"received {len(got)} of {count}"
-        got += batch
-    return got
+from tests.aio_helpers import receive_all, run, send
 
 
 def test_send_receive_complete_abandon_dead_letter_defer(

@@ -85,8 +85,10 @@ class ServiceBusClient:
                                        subscription_name, **kwargs)
 
     async def close(self) -> None:
-        """Wait for the settlements in flight, then close every sender and receiver."""
+        """Wait for the settlements in flight and the release of what cancelled
+        receives locked, then close every sender and receiver."""
         await self._settles.close()
+        await self._offload.wait_abandoned()  # what cancelled receives locked goes back first
         await self._offload.run(self._sync.close)
         self._offload.close()
 

@@ -3,13 +3,32 @@
 Each wraps its sync twin, which owns the wire format and the lock state:
 receives, peeks and session calls run on the client's worker threads;
 complete, abandon and defer are grouped per engine window
-(:mod:`settlement.aio._settle_groups`).
+(:mod:`settlement.aio._settle_groups`). A receive waits for messages on the
+event loop, holding a thread only for each round trip to the engine.
+
+Cancelling an await (``asyncio.wait_for``, ``task.cancel()``, a shutdown)
+leaves nothing behind:
+
+* a receive (``receive_messages``, ``receive_deferred_messages``, the next
+  step of ``async for``): what its round trip in flight locks is released as
+  soon as it returns, counting no delivery, so the next receiver gets those
+  messages at once; messages a loop locked but had not handed out are
+  released when the loop ends or the receiver closes;
+* a settlement (complete, abandon, defer, dead-letter) is applied or not,
+  never half: withdrawn if its command was not sent yet; otherwise the
+  cancelled await waits for the engine's answer, and the message's state
+  (settled, or locked and settleable again) is the engine's;
+* a lock renewal, a session's state or lock renewal: as a sent settlement;
+* opening a session receiver: a session locked after the cancellation is
+  released at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -43,16 +62,38 @@ class ServiceBusReceiver:
         self._sync: SyncReceiver | None = None
         self._opening = asyncio.Lock()
         self._session = ServiceBusSession(self) if session else None
+        #: the batches of running ``async for`` loops, what is not handed out yet
+        self._in_loops: list[deque[ServiceBusReceivedMessage]] = []
 
     async def _receiver(self) -> SyncReceiver:
         """The sync receiver, made (and its session locked) on first use."""
         if self._sync is None:
             async with self._opening:
                 if self._sync is None:
-                    receiver = await self._offload.run(self._make, **self._renewal())
-                    await self._offload.run(receiver._open)
+                    receiver = await self._offload.run(self._make, if_abandoned=SyncReceiver.close,
+                                                       **self._renewal())
+                    try:
+                        await self._open(receiver)
+                    except BaseException:  # after a try in flight has released what it locked
+                        await self._offload.wait_abandoned()
+                        await self._offload.run_to_end(receiver.close)
+                        raise
                     self._sync = receiver
         return self._sync
+
+    async def _open(self, receiver: SyncReceiver) -> None:
+        """The sync receiver's ``_open``, its waits for a free session on the
+        event loop; a session locked after its caller was cancelled is
+        released at once."""
+        session = receiver.session
+        if session is None:
+            return
+        for pause in session.pauses():
+            await asyncio.sleep(pause)
+            if await self._offload.run(receiver._try_open,
+                                       if_abandoned=lambda _: receiver.close()):
+                return
+        raise session.none_available()
 
     def _renewal(self) -> dict[str, Any]:
         """The sync receiver's ``auto_lock_renewer``, made for this receiver
@@ -87,27 +128,56 @@ class ServiceBusReceiver:
     async def receive_messages(self, max_message_count: int | None = 1,
                                max_wait_time: float | None = None
                                ) -> list[ServiceBusReceivedMessage]:
-        """As :meth:`settlement.ServiceBusReceiver.receive_messages`."""
+        """As :meth:`settlement.ServiceBusReceiver.receive_messages`.
+        Cancelled, whatever it locked goes back at once, its delivery count
+        untouched."""
         receiver = await self._receiver()
-        return await self._offload.run(receiver.receive_messages, max_message_count,
-                                       max_wait_time)
+        got = await self._receive(receiver, max(1, max_message_count or 1), max_wait_time)
+        receiver._renew_automatically(got)
+        return got
+
+    async def _receive(self, receiver: SyncReceiver, want: int, max_wait_time: float | None
+                       ) -> list[ServiceBusReceivedMessage]:
+        """The sync receiver's receive, with its pauses between rounds on the
+        event loop: a thread is held for a round trip, not for the wait. A
+        round trip whose caller is cancelled releases what it locked."""
+        got = await self._offload.run(receiver._take_ready, want,
+                                      if_abandoned=receiver._release)
+        if not got:
+            for pause in receiver._pauses(max_wait_time):
+                await asyncio.sleep(pause)
+                receiver._check_open()
+                got = await self._offload.run(receiver._receive_round, want,
+                                              if_abandoned=receiver._release)
+                if got:
+                    break
+        receiver._read_ahead_next(want, got)
+        return got
 
     async def __aiter__(self) -> AsyncIterator[ServiceBusReceivedMessage]:
         """Messages as they come; stops after the receiver's ``max_wait_time``
-        without one. The sync receiver's loop runs underneath, a step per
-        message on a worker thread: its adaptive prefetch, and the release
-        of messages locked but not handed out when the loop ends, hold here."""
+        without one. As the sync receiver's loop: its adaptive prefetch, and
+        the release of messages locked but not handed out when the loop ends
+        (``break``, an error, a cancelled task) or the receiver closes."""
         receiver = await self._receiver()
-        messages = iter(receiver)
-        try:
-            while True:
-                message = await self._offload.run(next, messages, None)
-                if message is None:
-                    return
-                yield message
-        finally:
-            await self._offload.run(messages.close)
-
+        want = receiver._prefetch
+        while not receiver._closed:
+            batch = await self._receive(receiver, want, None)
+            if not batch:
+                return
+            started = time.monotonic()
+            rest = deque(batch)
+            self._in_loops.append(rest)
+            try:
+                while rest:
+                    message = rest.popleft()
+                    receiver._renew_automatically([message])  # not those released unseen
+                    yield message
+            finally:
+                self._in_loops.remove(rest)
+                if rest:
+                    await self._offload.run_to_end(receiver._release, list(rest))
+            want = receiver._loop_want(want, started)
     async def peek_messages(self, max_message_count: int = 1, *,
                             sequence_number: int | None = None, **kwargs: Any
                             ) -> list[ServiceBusReceivedMessage]:
@@ -119,7 +189,7 @@ class ServiceBusReceiver:
                                         ) -> list[ServiceBusReceivedMessage]:
         receiver = await self._receiver()
         return await self._offload.run(receiver.receive_deferred_messages, sequence_numbers,
-                                       **kwargs)
+                                       if_abandoned=receiver._release, **kwargs)
 
     # ------------------------------------------------------------------ settle
     async def complete_message(self, message: ServiceBusReceivedMessage) -> None:
@@ -139,19 +209,28 @@ class ServiceBusReceiver:
                                   reason: str | None = None,
                                   error_description: str | None = None) -> None:
         receiver = await self._receiver()
-        await self._offload.run(receiver.dead_letter_message, message, reason,
-                                error_description)
+        await self._offload.run_to_end(receiver.dead_letter_message, message, reason,
+                                       error_description)
 
     async def renew_message_lock(self, message: ServiceBusReceivedMessage, **kwargs: Any
                                  ) -> dt.datetime:
         """Extend the lock by the entity's lock duration; return the new end."""
         receiver = await self._receiver()
-        return await self._offload.run(receiver.renew_message_lock, message, **kwargs)
+        return await self._offload.run_to_end(receiver.renew_message_lock, message, **kwargs)
 
     # ---------------------------------------------------------------- lifetime
     async def close(self) -> None:
-        if self._sync is not None:
-            await self._offload.run(self._sync.close)
+        """Release what running loops locked and did not hand out, and what
+        cancelled receives locked, then close."""
+        if self._sync is None:
+            return
+        unhanded = [m for rest in self._in_loops for m in rest]
+        for rest in self._in_loops:
+            rest.clear()
+        if unhanded:
+            await self._offload.run_to_end(self._sync._release, unhanded)
+        await self._offload.wait_abandoned()
+        await self._offload.run_to_end(self._sync.close)
 
     async def __aenter__(self) -> ServiceBusReceiver:
         await self._receiver()
@@ -201,9 +280,10 @@ class ServiceBusSession:
     async def set_state(self, state: str | bytes | bytearray | None, *,
                         timeout: float | None = None, **kwargs: Any) -> None:
         session = await self._opened()
-        await self._receiver._offload.run(session.set_state, state, timeout=timeout, **kwargs)
+        await self._receiver._offload.run_to_end(session.set_state, state, timeout=timeout,
+                                                 **kwargs)
 
     async def renew_lock(self, *, timeout: float | None = None, **kwargs: Any) -> dt.datetime:
         session = await self._opened()
-        return await self._receiver._offload.run(session.renew_lock, timeout=timeout,
-                                                 **kwargs)
+        return await self._receiver._offload.run_to_end(session.renew_lock, timeout=timeout,
+                                                        **kwargs)

@@ -1,5 +1,11 @@
 """The asyncio ServiceBusSender, as ``azure.servicebus.aio``'s: the sync
-sender (durable, acknowledged sends) on the client's worker threads."""
+sender (durable, acknowledged sends) on the client's worker threads.
+
+A cancelled send, schedule or cancellation of scheduled messages is done or
+not, never left running unknown: if it had not started it never runs;
+otherwise the cancelled await waits for its end before it raises
+``CancelledError`` (sending again may then duplicate what it sent: give
+messages a ``message_id`` on a queue with duplicate detection)."""
 
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ class ServiceBusSender:
 
     async def _sender(self) -> SyncSender:
         if self._sync is None:
-            self._sync = await self._offload.run(self._make)
+            self._sync = await self._offload.run(self._make, if_abandoned=SyncSender.close)
         return self._sync
 
     async def send_messages(self, message: Sendable | Iterable[Sendable] | ServiceBusMessageBatch,
@@ -33,18 +39,18 @@ class ServiceBusSender:
                             **kwargs: Any) -> None:
         """As :meth:`settlement.ServiceBusSender.send_messages`."""
         sender = await self._sender()
-        await self._offload.run(sender.send_messages, message, timeout=timeout, **kwargs)
+        await self._offload.run_to_end(sender.send_messages, message, timeout=timeout, **kwargs)
 
     async def schedule_messages(self, messages: Sendable | Iterable[Sendable],
                                 schedule_time_utc: dt.datetime, **kwargs: Any) -> list[int]:
         sender = await self._sender()
-        return await self._offload.run(sender.schedule_messages, messages, schedule_time_utc,
-                                       **kwargs)
+        return await self._offload.run_to_end(sender.schedule_messages, messages,
+                                              schedule_time_utc, **kwargs)
 
     async def cancel_scheduled_messages(self, sequence_numbers: int | Iterable[int],
                                         **kwargs: Any) -> None:
         sender = await self._sender()
-        await self._offload.run(sender.cancel_scheduled_messages, sequence_numbers, **kwargs)
+        await self._offload.run_to_end(sender.cancel_scheduled_messages, sequence_numbers, **kwargs)
 
     async def create_message_batch(self, max_size_in_bytes: int | None = None
                                    ) -> ServiceBusMessageBatch:

@@ -1,11 +1,12 @@
 """Grouped settlements: concurrent ``await complete_message(m)`` calls share a command.
 
 A coroutine that settles one message appends it to its engine window's
-queue and awaits a future. One flusher task per window sends everything
-queued as one settle command (through the client's sync
+queue and awaits a future (holding no thread). One flusher task per window
+sends everything queued as one settle command (through the client's sync
 :class:`~settlement._settle_batcher.SettleBatcher`, on a worker thread, so
-settles of the client's threads join the same commands) and resolves each
-future with that message's own answer. While a command is in flight, new
+settles of the client's threads join the same commands), applies the
+engine's answers to the messages there, and resolves each future with that
+message's own answer. While a command is in flight, new
 settles queue up for the next one: a thousand concurrent awaits cost a
 command or two, not a thousand threads' worth of round trips.
 
@@ -16,6 +17,7 @@ sync receiver's own (``_check_settleable``, ``_apply_answer``).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -23,13 +25,14 @@ from dataclasses import dataclass
 from settlement._engine_link import check_reply
 from settlement._settle_batcher import SettleBatcher, earliest
 from settlement.aio._offload import Offloader
+from settlement.exceptions import ServiceBusError
 from settlement.message import ServiceBusReceivedMessage
 from settlement.receiver import _TEXT_PER_COMMAND, _settle_item
 from settlement.receiver import ServiceBusReceiver as SyncReceiver
 from topics.commands import MAX_ACQUIRE, SettleItem
 
 
-@dataclass
+@dataclass(eq=False)  # a settle is itself: found in its queue by identity
 class _Settle:
     receiver: SyncReceiver
     message: ServiceBusReceivedMessage
@@ -53,12 +56,28 @@ class SettleGroups:
         self._flushers: dict[tuple[str, int], asyncio.Task[None]] = {}
         self.commands_sent = 0
 
-    def settle(self, receiver: SyncReceiver, message: ServiceBusReceivedMessage, action: str,
-               reason: str | None = None, description: str | None = None
-               ) -> asyncio.Future[None]:
-        """Queue the settlement of ``message``; the future ends with its own
-        answer (its error, if the engine refused it). A plain function, not a
-        coroutine: a thousand concurrent calls cost a thousand fewer frames."""
+    async def settle(self, receiver: SyncReceiver, message: ServiceBusReceivedMessage,
+                     action: str, reason: str | None = None, description: str | None = None
+                     ) -> None:
+        """Settle ``message`` in its window's next command; raises its own
+        answer's error (if the engine refused it).
+
+        Cancelled, a settlement is applied or not, never half: still queued,
+        it is withdrawn (the message stays locked, to settle again); already
+        sent, the await waits for the engine's answer before it raises
+        ``CancelledError``, and the message's state is the engine's by then."""
+        settle = self._queue(receiver, message, action, reason, description)
+        try:
+            await asyncio.shield(settle.answer)
+        except asyncio.CancelledError:
+            if not self._withdraw(settle):
+                await asyncio.wait([settle.answer])
+                if not settle.answer.cancelled():
+                    settle.answer.exception()  # seen: the caller is gone, not told
+            raise
+
+    def _queue(self, receiver: SyncReceiver, message: ServiceBusReceivedMessage, action: str,
+               reason: str | None, description: str | None) -> _Settle:
         receiver._check_open()
         receiver._check_settleable(message, action)
         settle = _Settle(receiver, message, action,
@@ -70,14 +89,24 @@ class SettleGroups:
             # The task's first step runs after the coroutines already ready
             # in this loop iteration: their settles join the first command.
             self._flushers[window] = asyncio.create_task(self._flush(window))
-        return settle.answer
+        return settle
+
+    def _withdraw(self, settle: _Settle) -> bool:
+        """Take ``settle`` out of its window's queue; False if it was sent."""
+        queued = self._queued.get((settle.receiver._entity, settle.message.partition), [])
+        if settle not in queued:
+            return False
+        queued.remove(settle)
+        return True
 
     async def _flush(self, window: tuple[str, int]) -> None:
         """Send the window's queued settles, a command at a time, until none is left."""
         try:
             while self._queued.get(window):
                 group = self._next_group(window)
-                await self._send(window, group)
+                sent = self._offload.start(self._send, window, group)
+                sent.add_done_callback(functools.partial(self._answer, group))
+                await asyncio.wait([sent])
         finally:
             del self._flushers[window]
 
@@ -94,7 +123,11 @@ class SettleGroups:
             self._queued[window] = queued[size:]
         return queued[:size]
 
-    async def _send(self, window: tuple[str, int], group: list[_Settle]) -> None:
+    def _send(self, window: tuple[str, int], group: list[_Settle]
+              ) -> list[ServiceBusError | None]:
+        """Send ``group`` as one command and apply the engine's answers to
+        the messages, on a worker thread: a message's state follows the
+        engine's even if the event loop stops meanwhile."""
         with ExitStack() as sending:
             # each session receiver's lock end, its release held off meanwhile
             receivers = {id(s.receiver): s.receiver for s in group}
@@ -103,29 +136,29 @@ class SettleGroups:
             final = earliest([s.receiver._spend_locks([s.message], s.action,
                                                       session_end[id(s.receiver)])
                               for s in group])
-            try:
-                reply = await self._offload.run(lambda: self._batcher().settle(
-                    window[0], window[1], [s.item for s in group], final))
-                self.commands_sent += 1
-                check_reply(reply, group[0].receiver.entity_path)
-                answers = reply.statuses
-            except asyncio.CancelledError:  # the loop is closing: every waiter must hear
-                for settle in group:
-                    settle.answer.cancel()
-                raise
-            except Exception as exc:
-                for settle in group:
-                    if not settle.answer.done():
-                        settle.answer.set_exception(exc)
-                return
-            for settle, (status, until) in zip(group, answers, strict=True):
-                error = settle.receiver._apply_answer(settle.message, settle.action, status, until)
-                if settle.answer.done():
-                    continue  # its caller was cancelled; the settlement stands
-                if error is None:
-                    settle.answer.set_result(None)
-                else:
-                    settle.answer.set_exception(error)
+            reply = self._batcher().settle(window[0], window[1], [s.item for s in group], final)
+            check_reply(reply, group[0].receiver.entity_path)
+            return [settle.receiver._apply_answer(settle.message, settle.action, status, until)
+                    for settle, (status, until) in zip(group, reply.statuses, strict=True)]
+
+    def _answer(self, group: list[_Settle], sent: asyncio.Future[list[ServiceBusError | None]]
+                ) -> None:
+        """Tell each settle of ``group`` its answer (or the command's error)."""
+        if sent.cancelled():  # the client closed before it was sent
+            for settle in group:
+                settle.answer.cancel()
+            return
+        error = sent.exception()
+        if error is not None:
+            for settle in group:
+                settle.answer.set_exception(error)
+            return
+        self.commands_sent += 1
+        for settle, answer in zip(group, sent.result(), strict=True):
+            if answer is None:
+                settle.answer.set_result(None)
+            else:
+                settle.answer.set_exception(answer)
 
     async def close(self) -> None:
         """Wait for the settles in flight (a client closes after them)."""
