@@ -16,7 +16,11 @@ receiver (as the SDK connects on first use), and within about a second:
   ``ServiceBusConnectionError`` saying which, and what to change;
 * a ``kafka://`` (plaintext) connection to a listener that speaks TLS, which
   the broker simply hangs up on, is found by trying a TLS handshake with it:
-  ``ServiceBusConnectionError`` says to use ``kafkas://``.
+  ``ServiceBusConnectionError`` says to use ``kafkas://``;
+* no broker at all (nothing takes connections at any bootstrap address, or
+  none answers a metadata request within the check's time) raises
+  ``ServiceBusConnectionError`` (retryable) once, instead of each call
+  waiting out librdkafka's timeouts while it logs its reconnect attempts.
 """
 
 from __future__ import annotations
@@ -40,9 +44,9 @@ _PROBE_S = 2.0
 def check_connection(settings: ConnectionSettings, timeout: float = 10.0) -> None:
     """Raise ``ServiceBusAuthenticationError`` if the brokers refuse the
     SASL credentials of ``settings``, ``ServiceBusConnectionError`` if TLS
-    is on one side only or the brokers' certificate is not trusted. Returns
-    when the brokers answer, when none takes connections (the first real call
-    reports them unreachable), or after ``timeout`` without an answer."""
+    is on one side only, the brokers' certificate is not trusted, nothing
+    takes connections at any bootstrap address (within about a second), or
+    no broker answers within ``timeout``. Returns when the brokers answer."""
     errors: list[KafkaError] = []
     # log_level 0: the refusal is raised below, not logged once per attempt
     # (confluent-kafka annotates AdminClient's config without the callbacks it takes)
@@ -58,18 +62,41 @@ def check_connection(settings: ConnectionSettings, timeout: float = 10.0) -> Non
         except KafkaException:
             admin.poll(0)  # serves error_cb
         _raise_refusal(settings, errors)
-        if not settings.tls and not probed:
+        if not probed:
             probed = True
-            speaks_tls = _speaks_tls(settings.bootstrap_servers.split(",")[0])
-            if speaks_tls is None:  # nothing listens there
-                return
-            if speaks_tls:
+            addresses = settings.bootstrap_servers.split(",")
+            if not any(_listens(address) for address in addresses):
+                raise _unreachable(settings, "nothing takes connections there")
+            if not settings.tls and _speaks_tls(addresses[0]):
                 raise ServiceBusConnectionError(
                     f"the broker at {settings.bootstrap_servers} speaks TLS, and this "
                     "connection string asks for a plaintext connection: use "
                     "Endpoint=kafkas://HOST:PORT (with CaFile=PATH for a private CA)")
         if time.monotonic() > deadline:
-            return
+            raise _unreachable(settings, f"no broker answered within {timeout:g} s")
+
+
+def _unreachable(settings: ConnectionSettings, why: str) -> ServiceBusConnectionError:
+    return ServiceBusConnectionError(
+        f"cannot reach Kafka at {settings.bootstrap_servers} ({why}): check the Endpoint of "
+        "the connection string and that Kafka is running")
+
+
+def _listens(host_port: str) -> bool:
+    """Whether anything takes a TCP connection at ``host_port``."""
+    raw = _connect(host_port)
+    if raw is not None:
+        raw.close()
+    return raw is not None
+
+
+def _connect(host_port: str) -> socket.socket | None:
+    """A TCP connection to ``host_port``; None when it is refused or unreachable."""
+    host, _, port = host_port.rpartition(":")
+    try:
+        return socket.create_connection((host.strip("[]"), int(port)), timeout=_PROBE_S)
+    except OSError:
+        return None
 
 
 def _raise_refusal(settings: ConnectionSettings, errors: list[KafkaError]) -> None:
@@ -96,21 +123,18 @@ def _tls_failure(settings: ConnectionSettings, reason: str) -> str:
             "otherwise check its certificate and TLS settings")
 
 
-def _speaks_tls(host_port: str) -> bool | None:
+def _speaks_tls(host_port: str) -> bool:
     """Whether the listener at ``host_port`` completes a TLS handshake
-    (its certificate unchecked: only the protocol is asked); None when
+    (its certificate unchecked: only the protocol is asked); False when
     nothing takes the connection."""
-    host, _, port = host_port.rpartition(":")
-    host = host.strip("[]")
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
+    raw = _connect(host_port)
+    if raw is None:
+        return False
     try:
-        raw = socket.create_connection((host, int(port)), timeout=_PROBE_S)
-    except OSError:  # refused or unreachable
-        return None
-    try:
-        with context.wrap_socket(raw, server_hostname=host):
+        with context.wrap_socket(raw, server_hostname=host_port.rpartition(":")[0].strip("[]")):
             return True
     except OSError:  # ssl.SSLError among them: a plaintext listener hangs up or answers junk
         return False

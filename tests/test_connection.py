@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trustme
 
-from settlement import ServiceBusClient, aio
+from settlement import ServiceBusClient, ServiceBusMessage, aio
 from settlement.exceptions import MessagingEntityNotFoundError, ServiceBusConnectionError
 from settlement.management import ServiceBusAdministrationClient
 from tests.helpers import Broker
@@ -121,3 +127,74 @@ def test_unreachable_broker_is_a_connection_error() -> None:
         with pytest.raises(ServiceBusConnectionError, match="Kafka is running") as info:
             admin.list_queues()
         assert info.value.retryable
+
+
+@pytest.fixture
+def refusing_port() -> Iterator[int]:
+    """A port of this machine where nothing takes connections (bound, not listening)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_broker_that_refuses_connections_is_one_clear_error_at_once(
+        refusing_port: int, caplog: pytest.LogCaptureFixture) -> None:
+    """Each client, sync, asyncio and administration, raises one retryable
+    ServiceBusConnectionError naming the address within a second or two (not
+    after librdkafka's timeouts), and logs at most one line."""
+    conn = f"Endpoint=kafka://127.0.0.1:{refusing_port};Namespace=nowhere"
+    where = f"127.0.0.1:{refusing_port}"
+
+    async def aio_send() -> None:
+        async with aio.ServiceBusClient.from_connection_string(conn) as client:
+            async with client.get_queue_sender("orders") as sender:
+                await sender.send_messages(ServiceBusMessage("x"), timeout=5)
+
+    def sync_send() -> None:
+        with ServiceBusClient.from_connection_string(conn) as client:
+            client.get_queue_sender("orders").send_messages(ServiceBusMessage("x"), timeout=5)
+
+    def admin_list() -> None:
+        with ServiceBusAdministrationClient.from_connection_string(conn) as admin:
+            admin.list_queues()
+
+    for call in (sync_send, lambda: asyncio.run(aio_send()), admin_list):
+        caplog.clear()
+        started = time.monotonic()
+        with pytest.raises(ServiceBusConnectionError, match="Kafka is running") as info:
+            call()
+        assert time.monotonic() - started < 3
+        assert where in str(info.value) and info.value.retryable
+        assert len(_warnings(caplog)) <= 1, _warnings(caplog)
+
+
+def test_the_cli_prints_one_line_when_no_broker_answers(refusing_port: int) -> None:
+    conn = f"Endpoint=kafka://127.0.0.1:{refusing_port};Namespace=nowhere"
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "settlement.cli", "queue", "list",
+                           "--connection-string", conn], capture_output=True, text=True,
+                          timeout=60)
+    assert time.monotonic() - started < 10
+    assert done.returncode != 0
+    lines = (done.stdout + done.stderr).splitlines()
+    assert len(lines) == 1 and "cannot reach Kafka" in lines[0], lines
+
+
+def test_a_broker_that_takes_connections_and_never_answers_is_one_clear_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A listener that accepts and stays silent (a hung broker): the first
+    call raises once the connection check's 10 s pass, logging at most a line."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # the kernel completes handshakes; nothing ever answers
+        conn = f"Endpoint=kafka://127.0.0.1:{silent.getsockname()[1]};Namespace=nowhere"
+        started = time.monotonic()
+        with ServiceBusAdministrationClient.from_connection_string(conn) as admin:
+            with pytest.raises(ServiceBusConnectionError, match="no broker answered"):
+                admin.list_queues()
+        assert time.monotonic() - started < 15
+    assert len(_warnings(caplog)) <= 1, _warnings(caplog)
