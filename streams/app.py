@@ -43,7 +43,7 @@ namespace = settings.namespace
 #: (8 if this worker makes the namespace): the most workers that share its
 #: work; the commands, events and state topics and the tables have that many.
 engine_partitions = specs.provision_namespace(AdminClient(settings.kafka_config()), namespace,
-                                              settings.profile.replication_factor)
+                                              settings.profile.replication_factor, tables=True)
 _data_dir = Path(os.environ.get("SETTLEMENT_DATA_DIR", "data/engine")).resolve()
 
 

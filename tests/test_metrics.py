@@ -19,7 +19,7 @@ from settlement.testing._local_broker import free_port
 from spark.dashboard import TABLE_OUTCOMES
 from streams.process import EngineProcess
 from tests.helpers import Broker, drive_workload, receive_exactly, run_monitor
-from topics import specs
+from topics.entities import DEFAULT_ENGINE_PARTITIONS
 
 SENT, DEAD = 10, 3
 
@@ -107,7 +107,7 @@ def test_engine_metrics_move_by_what_a_workload_did(broker: Broker, tmp_path: Pa
     assert after["settlement_messages", "entity=work", "state=dead_letter"] == DEAD
     # this worker owns every commands partition, and has finished what they hold
     assert after.labels("settlement_commands_lag", "partition") == {
-        str(p) for p in range(specs.ENGINE_PARTITIONS)}
+        str(p) for p in range(DEFAULT_ENGINE_PARTITIONS)}
     assert after["settlement_commands_lag"] == 0
     assert after["settlement_engine_errors_total"] == 0
 

@@ -71,9 +71,11 @@ def engine_tables(namespace: str, engine_partitions: int) -> list[TopicSpec]:
 
 
 def provision_namespace(admin: AdminClient, namespace: str, replication_factor: int,
-                        engine_partitions: int = DEFAULT_ENGINE_PARTITIONS) -> int:
-    """Create what is missing of the namespace's topics and of its engine
-    tables' changelogs; return its engine partitions.
+                        engine_partitions: int = DEFAULT_ENGINE_PARTITIONS, *,
+                        tables: bool = False) -> int:
+    """Create what is missing of the namespace's topics (and, for the engine,
+    ``tables=True``, of its tables' changelogs: their names are the engine's,
+    outside what a client's Manage right covers); return its engine partitions.
 
     A namespace's engine partitions are its commands topic's partition count:
     ``engine_partitions`` for a namespace made now, its own for one that
@@ -82,8 +84,8 @@ def provision_namespace(admin: AdminClient, namespace: str, replication_factor: 
     table partition holding its state, follows from the count."""
     existing = partition_count(admin, names.commands(namespace))
     count = existing or engine_partitions
-    provision(admin, namespace_topics(namespace, count) + engine_tables(namespace, count),
-              replication_factor)
+    provision(admin, namespace_topics(namespace, count)
+              + (engine_tables(namespace, count) if tables else []), replication_factor)
     return count
 
 
