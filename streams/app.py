@@ -133,11 +133,20 @@ headers = app.Table("headers", default=None, key_type=bytes, value_type=bytes,
 entries = app.Table("entries", default=None, key_type=bytes, value_type=bytes,
                     partitions=engine_partitions, options=dict(_ROCKSDB))
 assert (headers.name, entries.name) == specs.ENGINE_TABLES
-#: every record the engine writes (tables' changelogs, events, states,
-#: replies) goes through this one sender, in order (streams.record_sender)
+#: Every record the engine writes goes through a sender (streams.record_sender),
+#: in order; three senders, each a producer with connections of its own, as a
+#: broker answers the requests of one connection one after the other: what
+#: a command waits for (its commit record, then its answer) never queues
+#: behind the follow-up records of the commands before it, which nobody
+#: waits for. ``commits``: the windows' headers (the commit records);
+#: ``answers``: the replies; ``records``: the rest (entries under their own
+#: keys, events, states). A key is only ever written through one of them.
+commits = RecordSender(settings.kafka_config())
+answers = RecordSender(settings.kafka_config())
 records = RecordSender(settings.kafka_config())
 
 
 @app.on_before_shutdown.connect
 async def _close_records(sender: object, /, *_: object, **__: object) -> None:
-    records.close()
+    for each in (commits, answers, records):
+        each.close()

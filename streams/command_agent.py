@@ -31,8 +31,10 @@ from faust.types import TP, EventT, StreamT
 
 from streams import sessions
 from streams.app import (
+    answers,
     app,
     commands_topic,
+    commits,
     engine_partitions,
     entries,
     events_topic,
@@ -390,7 +392,7 @@ async def _apply_group(key: bytes, group: list[_Run]) -> _Chunk | None:
     """Apply a window's commands in order; the chunk to commit, or None."""
     partition = group[0].partition
     store = TableStore(entries, partition, records)
-    header_store = TableStore(headers, partition, records)
+    header_store = TableStore(headers, partition, commits)
     raw = header_store.get(key)
     if raw is not None and key not in _recovered:
         await _recover(raw, store)
@@ -499,8 +501,7 @@ async def _commit(chunks: list[_Chunk]) -> None:
         # copies: a window that goes on applying commands changes its own dicts
         _written[chunk.key] = (record, {k: dict(v) if isinstance(v, dict) else v
                                         for k, v in chunk.window.header().items()})
-    # Answers first: they then leave in the producer's next request, ahead
-    # of the follow-up, which nobody waits for.
+    # Answers before the follow-up: a command's caller waits for its answer only.
     for chunk in chunks:
         for cmd, result in chunk.answers:
             _reply_ok(cmd, result)
@@ -637,14 +638,13 @@ def _answer_refusal(cmd: Command, code: ErrorCode, message: str) -> None:
 
 
 def _answer(address: ReplyAddress, reply: Reply) -> None:
-    """Send an answer. Each is sent after the state it reports was
-    acknowledged, and ahead of its command's follow-up (the sender keeps
-    order), so it leaves in the producer's next request."""
+    """Send an answer, once the state it reports was acknowledged, through
+    the answers' own sender: no follow-up record is ahead of it."""
     if address.partition >= specs.REPLY_PARTITIONS:  # forged: nobody reads there
         log.warning("not answering command %s: reply partition %d does not exist",
                     reply.id, address.partition)
         return
-    sent = records.send(replies_topic.get_topic_name(), reply.client.encode(),
+    sent = answers.send(replies_topic.get_topic_name(), reply.client.encode(),
                         encode_reply(reply), address.partition)
     sent.add_done_callback(_answered)
 
