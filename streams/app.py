@@ -16,13 +16,14 @@ them):
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 
 import faust
 from confluent_kafka.admin import AdminClient
 
-from streams import kafka_tuning
+from streams import kafka_tuning, record_sender
 from streams.record_sender import RecordSender
 from topics import names, specs
 from topics.connection import parse_connection_string
@@ -148,5 +149,8 @@ records = RecordSender(settings.kafka_config())
 
 @app.on_before_shutdown.connect
 async def _close_records(sender: object, /, *_: object, **__: object) -> None:
+    # One wait for the three, commit records first (they carry the rest
+    # again): a worker whose brokers are away must still stop in time.
+    deadline = time.monotonic() + record_sender.CLOSE_WAIT_S
     for each in (commits, answers, records):
-        each.close()
+        each.close(max(0.0, deadline - time.monotonic()))

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 #: How long closing waits for the records still on their way (the commit
 #: records carry what they are for again, so one lost at shutdown is redone).
-_CLOSE_WAIT_S = 2.0
+CLOSE_WAIT_S = 2.0
 
 
 class RecordSender:
@@ -79,9 +79,9 @@ class RecordSender:
                 acked.set_exception(exc)
                 return acked
 
-    def close(self) -> None:
-        """Wait a little for the records on their way, then stop."""
-        left = self._producer.flush(_CLOSE_WAIT_S)
+    def close(self, wait: float = CLOSE_WAIT_S) -> None:
+        """Wait up to ``wait`` seconds for the records on their way, then stop."""
+        left = self._producer.flush(wait)
         if left:
             log.warning("%d engine record(s) not acknowledged at shutdown; the commit "
                         "records that carry them are applied again at the next start", left)

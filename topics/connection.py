@@ -81,7 +81,8 @@ class WaitingForKafka(logging.Filter):
     While no broker answers, every Kafka client logs each failed connection
     and metadata request: tens of lines a second from one client, a hundred
     from an engine worker. This lets one through a second, saying what it
-    waits for and how many lines like it were left out; other lines pass.
+    waits for and how many lines like it were left out (an informational
+    one, such as a closed connection, goes through as it is); other lines pass.
     ``loggers``: the names (prefixes) of the loggers whose lines it looks at."""
 
     def __init__(self, loggers: tuple[str, ...], every_s: float = 1.0) -> None:
@@ -93,7 +94,7 @@ class WaitingForKafka(logging.Filter):
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith(self._loggers) or record.levelno < logging.WARNING:
+        if not record.name.startswith(self._loggers) or record.levelno < logging.INFO:
             return True
         message = record.getMessage()
         if not _UNREACHABLE.search(message):
@@ -103,7 +104,12 @@ class WaitingForKafka(logging.Filter):
             if now - self._last < self._every_s:
                 self._left_out += 1
                 return False
-            left_out, self._left_out, self._last = self._left_out, 0, now
+            self._last = now
+            if record.levelno < logging.WARNING:
+                # An informational line (a connection closed: one per connection
+                # of every client when the brokers go) shares the budget as it is.
+                return True
+            left_out, self._left_out = self._left_out, 0
         if getattr(record, "waiting_for_kafka", False):  # said so by another filter
             return True
         record.waiting_for_kafka = True
