@@ -322,6 +322,10 @@ class EngineLink:
             thread.join(timeout=5)
         self._consumer.close()
         self._producer.flush(5)
+        # Dropped, not kept: a logged error's traceback can keep this link
+        # alive long after its client closed, and the producer's threads with
+        # it (a closed sender drops its producer too). Nothing sends after close.
+        del self._producer
 
 
 def _final(appended_ms: int | None, final_before_ms: int) -> bool:
