@@ -116,6 +116,7 @@ def _sync_cycles(client: ServiceBusClient, plain: str, sessions: str) -> Callabl
     return one
 
 
+@pytest.mark.tansu
 def test_a_thousand_sync_senders_and_receivers_leave_nothing(
         conn: str, queues: tuple[str, str]) -> None:
     plain, sessions = queues
@@ -135,6 +136,7 @@ def test_a_thousand_sync_senders_and_receivers_leave_nothing(
     after.check_same(outside, "a closed client")
 
 
+@pytest.mark.tansu
 def test_a_thousand_asyncio_senders_and_receivers_leave_nothing(
         conn: str, queues: tuple[str, str]) -> None:
     plain, sessions = queues
