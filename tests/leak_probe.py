@@ -1,0 +1,170 @@
+"""The leak tests' workload, run in a process of its own so that what it
+measures is this client's doing alone: in the test session's process, other
+tests' engines, brokers and clients come and go in the background (about fifty
+librdkafka handles by the time the leak tests run on Apache Kafka), and their
+descriptors moved the counts (CI once saw 5 more descriptors, with the same
+threads and sockets, after a thousand cycles).
+
+``python -m tests.leak_probe sync|asyncio CONNECTION_STRING PLAIN SESSIONS``
+opens and closes a thousand senders, receivers and session receivers on one
+client and prints, as JSON, the process's :class:`Usage` outside any client,
+before and after the thousand, and once the closed client's handles ended.
+Read from /proc: the process's own threads (librdkafka names its threads
+``rdk:...``), descriptors and resident memory."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import json
+import os
+import re
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from settlement import ServiceBusClient, ServiceBusMessage
+from settlement.aio import ServiceBusClient as AsyncClient
+
+#: opened and closed of each kind
+TIMES = 1000
+#: of those, how many also send and peek (a fresh sender's first send and a
+#: fresh receiver's first peek take about half a second each)
+USED = 10
+#: the memory a thousand of them may leave (the issue's bound)
+MEMORY_SLACK_MB = 5.0
+
+#: an asyncio client's worker threads (settlement/aio/_offload.py): a
+#: bounded pool that grows with concurrent calls and ends with the client
+POOL_THREAD = "settlement-aio"
+
+
+@dataclass(frozen=True)
+class Usage:
+    #: threads besides an asyncio client's worker pool
+    threads: int
+    librdkafka_threads: int
+    descriptors: int
+    sockets: int
+    rss_mb: float
+    #: every thread's name and every descriptor's kind, for failure messages
+    names: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()
+
+    @classmethod
+    def now(cls) -> Usage:
+        gc.collect()
+        names = []
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/comm") as comm:
+                    names.append(comm.read().strip())
+            except FileNotFoundError:  # ended meanwhile
+                continue
+        kinds = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except FileNotFoundError:  # the listing's own descriptor
+                continue
+            kinds.append(re.sub(r":\[\d+\]$", "", target))  # socket:[1234] -> socket
+        with open("/proc/self/status") as status:
+            rss_kb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS"))
+        pool = sum(t.name.startswith(POOL_THREAD) for t in threading.enumerate())
+        return cls(len(names) - pool, sum(n.startswith("rdk:") for n in names), len(kinds),
+                   kinds.count("socket"), rss_kb / 1024,
+                   tuple(sorted(t.name for t in threading.enumerate())) + tuple(sorted(names)),
+                   tuple(sorted(kinds)))
+
+    @classmethod
+    def once_handles_end(cls) -> Usage:
+        """The usage once no librdkafka thread runs (this process has no
+        other clients), or after 5 s: a closed handle's threads end a moment
+        after its close returns."""
+        deadline = time.monotonic() + 5
+        usage = cls.now()
+        while usage.librdkafka_threads and time.monotonic() < deadline:
+            time.sleep(0.1)
+            usage = cls.now()
+        return usage
+
+    def check_same(self, before: Usage, what: str) -> None:
+        new_threads = sorted((Counter(self.names) - Counter(before.names)).elements())
+        new_kinds = sorted((Counter(self.kinds) - Counter(before.kinds)).elements())
+        assert (self.threads, self.descriptors, self.sockets) == (
+            before.threads, before.descriptors, before.sockets), (
+            f"{what} left threads/descriptors/sockets: before "
+            f"{before.threads}/{before.descriptors}/{before.sockets}, after "
+            f"{self.threads}/{self.descriptors}/{self.sockets}; new threads {new_threads}, "
+            f"new descriptors {new_kinds}")
+        assert self.rss_mb - before.rss_mb <= MEMORY_SLACK_MB, (
+            f"{what} grew the process's memory by {self.rss_mb - before.rss_mb:.1f} MB")
+
+
+def sync_run(conn: str, plain: str, sessions: str) -> dict[str, Usage]:
+    def one(client: ServiceBusClient, used: bool) -> None:
+        with client.get_queue_sender(plain) as sender:
+            if used:
+                sender.send_messages(ServiceBusMessage(b"x"))
+        with client.get_queue_receiver(plain, max_wait_time=0.1) as receiver:
+            if used:
+                receiver.peek_messages(1)
+        with client.get_queue_receiver(sessions, session_id="s", max_wait_time=0.1) as receiver:
+            receiver.session.get_state()  # the session is locked on opening
+
+    with ServiceBusClient.from_connection_string(conn) as first:
+        one(first, True)  # what a process loads once (modules, librdkafka)
+    outside = Usage.once_handles_end()
+    client = ServiceBusClient.from_connection_string(conn)
+    one(client, True)  # the client's own connections (engine link, readers) are made once
+    before = Usage.now()
+    for i in range(TIMES):
+        one(client, i < USED)
+    during = Usage.now()
+    client.close()
+    del client
+    return {"outside": outside, "before": before, "during": during,
+            "after": Usage.once_handles_end()}
+
+
+def asyncio_run(conn: str, plain: str, sessions: str) -> dict[str, Usage]:
+    async def cycles(client: AsyncClient, times: int) -> None:
+        for i in range(times):
+            async with client.get_queue_sender(plain) as sender:
+                if i < USED:
+                    await sender.send_messages(ServiceBusMessage(b"x"))
+            async with client.get_queue_receiver(plain, max_wait_time=0.1) as receiver:
+                if i < USED:
+                    await receiver.peek_messages(1)
+            async with client.get_queue_receiver(sessions, session_id="s",
+                                                 max_wait_time=0.1) as receiver:
+                await receiver.session.get_state()
+
+    async def first() -> None:
+        async with AsyncClient.from_connection_string(conn) as client:
+            await cycles(client, 1)
+
+    async def main() -> tuple[Usage, Usage]:
+        client = AsyncClient.from_connection_string(conn)
+        await cycles(client, USED)  # the worker threads the client keeps, made at first use
+        before = Usage.now()
+        await cycles(client, TIMES)
+        during = Usage.now()
+        await client.close()
+        del client
+        return before, during
+
+    asyncio.run(first())  # what a process loads once (modules, librdkafka)
+    outside = Usage.once_handles_end()
+    before, during = asyncio.run(main())
+    return {"outside": outside, "before": before, "during": during,
+            "after": Usage.once_handles_end()}
+
+
+if __name__ == "__main__":
+    mode, *entities = sys.argv[1:]
+    usages = (sync_run if mode == "sync" else asyncio_run)(*entities)
+    json.dump({when: dataclasses.asdict(usage) for when, usage in usages.items()}, sys.stdout)
