@@ -54,12 +54,21 @@ class TableStore:
     def write(self, key: bytes, value: bytes | None) -> asyncio.Future:
         """Store locally and send to the changelog; the future resolves once
         Kafka has acknowledged the record, to its offset (None writes a tombstone)."""
-        sent = self._sender.send(self._changelog.topic, key, value, self.partition)
-        sent.add_done_callback(self._persisted)
+        sent = self.send(key, value)
+        self.put(key, value)
+        return sent
+
+    def put(self, key: bytes, value: bytes | None) -> None:
+        """Store locally only (None deletes): :meth:`send` follows."""
         if value is None:
             self._db.delete(key)
         else:
             self._db.put(key, value)
+
+    def send(self, key: bytes, value: bytes | None) -> asyncio.Future:
+        """Send to the changelog only; the future resolves as :meth:`write`'s."""
+        sent = self._sender.send(self._changelog.topic, key, value, self.partition)
+        sent.add_done_callback(self._persisted)
         return sent
 
     def _persisted(self, sent: asyncio.Future[Any]) -> None:
