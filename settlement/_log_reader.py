@@ -41,6 +41,12 @@ _READ_THROUGH_BYTES = 4 << 20
 _TAKE_AT_ONCE = 1000
 #: what a record is taken to weigh until the reader has seen some
 _FIRST_RECORD_BYTES = 1024
+#: idle readers a client keeps for its next receivers (each is a librdkafka
+#: consumer: four threads and its connections): beyond, the one given back
+#: longest ago is closed, with what its partition kept once no reader of it
+#: is left. A client that went through fifty queues kept fifty consumers and
+#: 265 threads before.
+IDLE_READERS = 8
 
 
 class Kept:
@@ -194,37 +200,60 @@ class PartitionReader:
 class ReaderPool:
     """The readers of one client: a receiver takes one per partition it
     reads and gives it back when it closes; the readers of a partition share
-    what they keep. Closed with the client. Thread-safe."""
+    what they keep. At most :data:`IDLE_READERS` wait for the next receiver.
+    Closed with the client. Thread-safe."""
 
     def __init__(self, settings: ConnectionSettings) -> None:
         self._settings = settings
-        self._idle: dict[tuple[str, int], list[PartitionReader]] = {}
+        #: readers given back, the latest last
+        self._idle: list[PartitionReader] = []
         self._kept: dict[tuple[str, int], Kept] = {}
+        #: partition -> its readers, in use or idle
+        self._readers: dict[tuple[str, int], int] = {}
         self._closed = False
         self._lock = threading.Lock()
 
     def take(self, topic: str, partition: int) -> PartitionReader:
+        key = (topic, partition)
         with self._lock:
-            idle = self._idle.get((topic, partition))
-            if idle:
-                return idle.pop()
-            kept = self._kept.setdefault((topic, partition), Kept())
-        return PartitionReader(self._settings, topic, partition, kept)
+            for i in range(len(self._idle) - 1, -1, -1):
+                if (self._idle[i].topic, self._idle[i].partition) == key:
+                    return self._idle.pop(i)
+            kept = self._kept.setdefault(key, Kept())
+            self._readers[key] = self._readers.get(key, 0) + 1
+        try:
+            return PartitionReader(self._settings, topic, partition, kept)
+        except BaseException:
+            with self._lock:
+                self._forget(key)
+            raise
 
     def give_back(self, reader: PartitionReader) -> None:
         with self._lock:
-            if not self._closed:
-                self._idle.setdefault((reader.topic, reader.partition), []).append(reader)
-                return
-        reader.close()
+            if self._closed:
+                retired = [reader]
+            else:
+                self._idle.append(reader)
+                retired = self._idle[:-IDLE_READERS]
+                del self._idle[:-IDLE_READERS]
+            for each in retired:
+                self._forget((each.topic, each.partition))
+        for each in retired:
+            each.close()
+
+    def _forget(self, key: tuple[str, int]) -> None:
+        """One reader of ``key`` fewer; what it kept goes with the last."""
+        self._readers[key] = self._readers.get(key, 1) - 1
+        if self._readers[key] <= 0:
+            del self._readers[key]
+            self._kept.pop(key, None)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            idle, self._idle, self._kept = self._idle, {}, {}
-        for readers in idle.values():
-            for reader in readers:
-                reader.close()
+            idle, self._idle, self._kept, self._readers = self._idle, [], {}, {}
+        for reader in idle:
+            reader.close()
 
 
 def _size(record: Message) -> int:

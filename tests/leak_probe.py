@@ -9,6 +9,9 @@ threads and sockets, after a thousand cycles).
 opens and closes a thousand senders, receivers and session receivers on one
 client and prints, as JSON, the process's :class:`Usage` outside any client,
 before and after the thousand, and once the closed client's handles ended.
+``python -m tests.leak_probe entities CONNECTION_STRING QUEUE...`` receives
+from each queue in turn on one client, and prints the usage once as many
+queues as the client keeps idle readers for were read and after the rest.
 Read from /proc: the process's own threads (librdkafka names its threads
 ``rdk:...``), descriptors and resident memory."""
 
@@ -27,6 +30,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from settlement import ServiceBusClient, ServiceBusMessage
+from settlement._log_reader import IDLE_READERS
 from settlement.aio import ServiceBusClient as AsyncClient
 
 #: opened and closed of each kind
@@ -80,13 +84,15 @@ class Usage:
                    tuple(sorted(kinds)))
 
     @classmethod
-    def once_handles_end(cls) -> Usage:
+    def once_handles_end(cls, threads: int = 1) -> Usage:
         """The usage once no librdkafka thread runs (this process has no
-        other clients), or after 5 s: a closed handle's threads end a moment
-        after its close returns."""
+        other clients) and at most ``threads`` threads do (default: the main
+        one), or after 5 s: a closed handle's threads, and a closed asyncio
+        client's workers, end a moment after its close returns."""
         deadline = time.monotonic() + 5
         usage = cls.now()
-        while usage.librdkafka_threads and time.monotonic() < deadline:
+        while (usage.librdkafka_threads or usage.threads > threads) \
+                and time.monotonic() < deadline:
             time.sleep(0.1)
             usage = cls.now()
         return usage
@@ -127,7 +133,7 @@ def sync_run(conn: str, plain: str, sessions: str) -> dict[str, Usage]:
     client.close()
     del client
     return {"outside": outside, "before": before, "during": during,
-            "after": Usage.once_handles_end()}
+            "after": Usage.once_handles_end(outside.threads)}
 
 
 def asyncio_run(conn: str, plain: str, sessions: str) -> dict[str, Usage]:
@@ -161,10 +167,25 @@ def asyncio_run(conn: str, plain: str, sessions: str) -> dict[str, Usage]:
     outside = Usage.once_handles_end()
     before, during = asyncio.run(main())
     return {"outside": outside, "before": before, "during": during,
-            "after": Usage.once_handles_end()}
+            "after": Usage.once_handles_end(outside.threads)}
+
+
+def entities_run(conn: str, *queues: str) -> dict[str, Usage]:
+    def receive(client: ServiceBusClient, queue: str) -> None:
+        with client.get_queue_receiver(queue, max_wait_time=0.1) as receiver:
+            receiver.receive_messages(1, max_wait_time=0.1)
+
+    with ServiceBusClient.from_connection_string(conn) as client:
+        for queue in queues[:IDLE_READERS]:
+            receive(client, queue)
+        full = Usage.now()
+        for queue in queues[IDLE_READERS:]:
+            receive(client, queue)
+        return {"full": full, "more": Usage.now()}
 
 
 if __name__ == "__main__":
     mode, *entities = sys.argv[1:]
-    usages = (sync_run if mode == "sync" else asyncio_run)(*entities)
+    runs = {"sync": sync_run, "asyncio": asyncio_run, "entities": entities_run}
+    usages = runs[mode](*entities)
     json.dump({when: dataclasses.asdict(usage) for when, usage in usages.items()}, sys.stdout)

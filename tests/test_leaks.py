@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from settlement._log_reader import IDLE_READERS
 from tests.leak_probe import TIMES, Usage
 
 #: the thousand cycles take about 40 s on Apache Kafka, 45 s on Tansu
@@ -31,7 +32,7 @@ def queues(admin: Any, queue_name: str) -> Iterator[tuple[str, str]]:
     yield plain, sessions
 
 
-def probe(mode: str, conn: str, queues: tuple[str, str]) -> dict[str, Usage]:
+def probe(mode: str, conn: str, queues: tuple[str, ...]) -> dict[str, Usage]:
     """What tests/leak_probe.py measured in a process of its own."""
     done = subprocess.run(
         [sys.executable, "-m", "tests.leak_probe", mode, conn, *queues],
@@ -64,3 +65,15 @@ def test_a_thousand_asyncio_senders_and_receivers_leave_nothing(
         f"closing the asyncio client left librdkafka handles running: {usage['after']} vs "
         f"{usage['outside']}")
     usage["after"].check_same(usage["outside"], "a closed asyncio client")
+
+
+def test_a_client_that_reads_many_queues_keeps_a_bounded_number_of_readers(
+        conn: str, admin: Any, queue_name: str) -> None:
+    """A client keeps at most IDLE_READERS idle log readers (librdkafka
+    consumers): reading four more queues once that many were read leaves its
+    threads, descriptors and sockets as they were."""
+    queues = tuple(f"{queue_name}-{i}" for i in range(IDLE_READERS + 4))
+    for queue in queues:
+        admin.create_queue(queue)
+    usage = probe("entities", conn, queues)
+    usage["more"].check_same(usage["full"], f"reading {len(queues)} queues on one client")
