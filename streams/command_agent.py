@@ -566,7 +566,7 @@ class _Unsettled:
 
 #: window key -> its follow-ups not handed to Kafka yet, in order
 _waiting: dict[bytes, list[_Unsettled]] = {}
-#: the timer that hands them over (None: none waits)
+#: the timer that hands them over, while one is set (a box, not a global)
 _follow_up_timer: list[asyncio.TimerHandle] = []
 
 

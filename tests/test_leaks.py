@@ -44,27 +44,16 @@ def probe(mode: str, conn: str, queues: tuple[str, ...]) -> dict[str, Usage]:
 
 
 @pytest.mark.tansu
-def test_a_thousand_sync_senders_and_receivers_leave_nothing(
-        conn: str, queues: tuple[str, str]) -> None:
-    usage = probe("sync", conn, queues)
+@pytest.mark.parametrize("mode", ["sync", "asyncio"])
+def test_a_thousand_senders_and_receivers_leave_nothing(
+        mode: str, conn: str, queues: tuple[str, str]) -> None:
+    usage = probe(mode, conn, queues)
     usage["during"].check_same(usage["before"],
-                               f"{TIMES} senders, receivers and session receivers")
+                               f"{TIMES} {mode} senders, receivers and session receivers")
     assert usage["after"].librdkafka_threads == usage["outside"].librdkafka_threads, (
-        f"closing the client left librdkafka handles running: {usage['after']} vs "
+        f"closing the {mode} client left librdkafka handles running: {usage['after']} vs "
         f"{usage['outside']}")
-    usage["after"].check_same(usage["outside"], "a closed client")
-
-
-@pytest.mark.tansu
-def test_a_thousand_asyncio_senders_and_receivers_leave_nothing(
-        conn: str, queues: tuple[str, str]) -> None:
-    usage = probe("asyncio", conn, queues)
-    usage["during"].check_same(usage["before"],
-                               f"{TIMES} asyncio senders, receivers and session receivers")
-    assert usage["after"].librdkafka_threads == usage["outside"].librdkafka_threads, (
-        f"closing the asyncio client left librdkafka handles running: {usage['after']} vs "
-        f"{usage['outside']}")
-    usage["after"].check_same(usage["outside"], "a closed asyncio client")
+    usage["after"].check_same(usage["outside"], f"a closed {mode} client")
 
 
 def test_a_client_that_reads_many_queues_keeps_a_bounded_number_of_readers(
