@@ -3,12 +3,13 @@
 * ``s<id>``: the :class:`Session` record: how many of its messages are
   pending (queued, locked or waiting for redelivery), its lock (batch and
   end), the size and time of its state;
-* ``p<hash><bound>``: its pending offsets, in sorted lists of at most
-  :data:`LIST_MAX`, each under a lower bound of what it holds (a list holds
-  the offsets from its bound to the next list's). A session of a few
-  messages has one list however far apart they lie in the log; a deep
-  backlog costs a command one small key; a message may join anywhere (a
-  scheduled one that came due);
+* ``p<hash><bound>``: its pending offsets once there are more than
+  :data:`INLINE_MAX` (up to that many are kept in its record, so a session
+  of a few messages costs two keys: its record and its place in the ready
+  index), in sorted lists of at most :data:`LIST_MAX`, each under a lower
+  bound of what it holds (a list holds the offsets from its bound to the
+  next list's). A deep backlog costs a command one small key; a message may
+  join anywhere (a scheduled one that came due);
 * ``r<first offset><id>``: the ready index of sessions with pending messages
   and no lock, oldest message first. The next available session is its first
   key, so idle sessions cost a command nothing;
@@ -28,6 +29,9 @@ from streams.store import Txn
 
 #: most offsets in one stored list of a session's pending offsets
 LIST_MAX = 1024
+#: most pending offsets kept in a session's own record; past this they move
+#: to lists of their own, until none is left
+INLINE_MAX = 64
 
 
 @dataclass
@@ -44,17 +48,23 @@ class Session:
     #: the bounds of its lists of pending offsets, sorted (kept here, so that
     #: finding a list reads no range)
     bounds: list[int] = field(default_factory=list)
+    #: its pending offsets, sorted, while they are few (None: in its lists)
+    inline: list[int] | None = field(default_factory=list)
 
     def locked(self, now: int) -> bool:
         return self.batch != 0 and self.until > now
 
     def encode(self) -> bytes:
         return json.dumps([self.pending, self.batch, self.until, self.first, self.state_size,
-                           self.state_at, self.bounds], separators=(",", ":")).encode()
+                           self.state_at, self.bounds, self.inline],
+                          separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, session_id: str, raw: bytes) -> Session:
-        return cls(session_id, *json.loads(raw))
+        fields = json.loads(raw)
+        if len(fields) == 7:  # stored before offsets were kept in the record
+            fields.append(None if fields[6] else [])
+        return cls(session_id, *fields)
 
     @property
     def idle(self) -> bool:
@@ -98,7 +108,12 @@ class SessionIndex:
     # ---------------------------------------------------------- pending offsets
     def add(self, session_id: str, offset: int) -> None:
         session = self.get(session_id)
-        bisect.insort(self._list(session_id, offset), offset)
+        if session.inline is None:
+            bisect.insort(self._list(session_id, offset), offset)
+        else:
+            bisect.insort(session.inline, offset)
+            if len(session.inline) > INLINE_MAX:
+                self._spill(session)
         session.pending += 1
         if not session.batch and (session.first < 0 or offset < session.first):
             self._list_ready(session, offset)
@@ -108,20 +123,30 @@ class SessionIndex:
         session = self.get(session_id)
         bounds = self._bounds_of(session_id)
         at = bisect.bisect_right(bounds, offset) - 1
-        offsets = self._list_at(self._list_key(session_id, bounds[at])) if at >= 0 else []
+        if session.inline is not None:
+            offsets = session.inline
+        else:
+            offsets = self._list_at(self._list_key(session_id, bounds[at])) if at >= 0 else []
         index = bisect.bisect_left(offsets, offset)
         if index < len(offsets) and offsets[index] == offset:
             del offsets[index]
             session.pending -= 1
-            self._dirty_lists.add(self._list_key(session_id, bounds[at]))
-            if not offsets:
-                del bounds[at]
+            if session.inline is None:
+                self._dirty_lists.add(self._list_key(session_id, bounds[at]))
+                if not offsets:
+                    del bounds[at]
+                if not bounds:  # none left: the next ones are kept in the record again
+                    session.inline = []
         if not session.batch and session.first == offset:
             self._list_ready(session, self.first_offset(session_id))
         self._dirty.add(session_id)
 
     def offsets(self, session_id: str) -> Iterator[int]:
         """The session's pending offsets in log order, read list by list."""
+        inline = self.get(session_id).inline
+        if inline is not None:
+            yield from list(inline)
+            return
         for bound in list(self._bounds_of(session_id)):
             yield from list(self._list_at(self._list_key(session_id, bound)))
 
@@ -152,6 +177,14 @@ class SessionIndex:
             return self._list(session_id, offset)
         self._dirty_lists.add(key)
         return offsets
+
+    def _spill(self, session: Session) -> None:
+        """Move a session's pending offsets from its record to a list of their own."""
+        offsets, session.inline = session.inline or [], None
+        session.bounds[:] = [offsets[0]]
+        key = self._list_key(session.id, offsets[0])
+        self._lists[key] = offsets
+        self._dirty_lists.add(key)
 
     def _rebound(self, session_id: str, old: int, new: int) -> None:
         """Move the list under bound ``old`` to bound ``new``."""

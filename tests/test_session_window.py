@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from streams import session_index
 from streams.acceptance import NO_SESSION, AcceptArgs, Item
 from streams.states import SESSION_ID_NULL_REASON, Refused
 from streams.window import InflightWindow
@@ -142,25 +143,47 @@ def test_idle_sessions_cost_a_command_nothing() -> None:
     assert many < few * 3 + 0.05, (few, many)
 
 
-def test_interleaved_sessions_keep_three_keys_each_beside_the_chunks_of_their_offsets() -> None:
+def test_interleaved_sessions_keep_two_keys_each_beside_the_chunks_of_their_offsets() -> None:
     """2,000 sessions of 10 whose messages lie 2,000 offsets apart: each
-    keeps its record, one list of pending offsets and its ready-index key;
-    the offsets' entries share chunks of 128 (before: a list per 1,024
-    offsets a session's messages spanned, 15 keys a session in all)."""
+    keeps its record, with its pending offsets in it, and its ready-index
+    key; the offsets' entries share chunks of 128 (before: a list of pending
+    offsets of its own too, and earlier a list per 1,024 offsets a session's
+    messages spanned, 15 keys a session in all)."""
     sessions, per_session = 2000, 10
     win = window_with([f"s{k}" for _ in range(per_session) for k in range(sessions)])
     chunks = -(-sessions * per_session // 128)
     keys = len(win.store)
-    assert keys <= 3 * sessions + chunks
+    assert keys <= 2 * sessions + chunks
     held = lock(win, None, 1)
     assert held["session"] == "s0"
     assert settle(win, receive(win, held, 2), "complete", 3) == ["ok"] * per_session
     win.apply(cmd("release_session", session="s0", token=held["token"]), 4)
-    # s0's three keys are gone; each of the four commands left its answer
+    # s0's two keys are gone; each of the four commands left its answer
     # (and when to forget it) for a retry of it
-    assert len(win.store) == keys - 3 + 4 * 2
+    assert len(win.store) == keys - 2 + 4 * 2
 
 
+def test_a_session_past_the_offsets_its_record_keeps_moves_them_out_and_back() -> None:
+    """A session with more pending messages than its record keeps moves them
+    to a list of their own, in order, and back into the record once drained."""
+    count = session_index.INLINE_MAX + 36
+    win = window_with(["big"] * count + ["small"] * 3)
+
+    def lists() -> list[bytes]:
+        return [k for k in win.store._values if k.startswith(win.prefix + b"p")]
+
+    assert len(lists()) == 1  # big's; small's three are in its record
+    held = lock(win, "big", 1)
+    grants = receive(win, held, 2, n=count)
+    assert [g[0] for g in grants] == list(range(count))  # in log order
+    assert settle(win, grants, "complete", 3) == ["ok"] * count
+    assert lists() == []
+    win.apply(cmd("release_session", session="big", token=held["token"]), 4)
+    later = count + 3
+    win.apply(Command(f"c{next(_ids)}", "q", 0,
+                      AcceptArgs(later, later + 1, (Item(later, session="big"),))), 5)
+    assert lists() == []  # back in its record
+    assert [g[0] for g in receive(win, lock(win, "big", 6), 7)] == [later]
 def test_a_deep_session_keeps_every_key_and_every_command_small() -> None:
     """100,000 messages in one session: more than one Kafka record could hold
     as one list, yet no stored value and no command's writes grow with them."""
