@@ -508,7 +508,8 @@ def targets(result: dict[str, Any]) -> list[str]:
     lines.append("    what bounds them: the engine's CPU. A session's commands rewrite the "
                  "chunk of 128 entries of each of its messages, which lie apart in the log, "
                  "and each key written is a changelog record of its own; every new session "
-                 "adds three keys and a state record")
+                 "adds two keys (its record, with its pending offsets, and its place in the "
+                 "ready index) and a state record")
     return lines
 
 
