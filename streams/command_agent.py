@@ -511,11 +511,18 @@ async def _commit(chunks: list[_Chunk]) -> None:
         _start_follow_up(changed)
 
 
-def _load(key: bytes, raw: bytes | None, cmd: Command, store: Txn) -> InflightWindow | None:
+def parsed_header(key: bytes, raw: bytes | None) -> dict[str, Any] | None:
+    """The header of window ``key`` parsed, if ``raw`` is the record this
+    worker wrote last for it (None: ``raw`` is to be parsed). A window's
+    loaded fields never change the lists and dicts of the header in place."""
     mine = _written.get(key)
-    header = mine[1] if mine is not None and mine[0] == raw else None
+    return mine[1] if mine is not None and mine[0] == raw else None
+
+
+def _load(key: bytes, raw: bytes | None, cmd: Command, store: Txn) -> InflightWindow | None:
     try:
-        return InflightWindow.load(raw, cmd.entity, cmd.partition, store, header)
+        return InflightWindow.load(raw, cmd.entity, cmd.partition, store,
+                                   parsed_header(key, raw))
     except (ValueError, KeyError, TypeError) as exc:
         log.error("window %s is unreadable (%s); leaving it untouched", cmd.window_key, exc)
         _reject(cmd, ErrorCode.STATE_UNREADABLE,
