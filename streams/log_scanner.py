@@ -43,7 +43,7 @@ from topics import names
 from topics.commands import Command, DeadForwardedArgs, valid_session_id
 from topics.connection import ConnectionSettings
 from topics.message_record import MalformedRecord, filter_properties, scanned_headers
-from topics.offsets import offset_of, position_of, take
+from topics.offsets import OFFSET_UNKNOWN, offset_of, position_of, take
 from topics.partitions import session_partition
 from topics.rule_set import RuleSet
 from topics.rules import MessageView
@@ -237,6 +237,13 @@ class LogScanner:
         if self._positions.get(key) != start:
             consumer.assign([TopicPartition(*tp, start)])
             self._positions[key] = start
+        elif until is None and _read_to_end(consumer, tp, start):
+            # Nothing appended since the last read: no wait for it. Every
+            # window scanned in a round waited 50 ms for nothing before, so
+            # a queue's scan took turns with each idle one (100,000 new
+            # sessions beside two idle session queues: accepted in 19 s,
+            # 7.4 s alone).
+            return []
         records = [r for r in take(consumer, MAX_RECORDS, 0.05) if r.error() is None]
         if until is not None:
             records = [r for r in records if offset_of(r) < until]
@@ -280,6 +287,14 @@ class LogScanner:
         for consumer in self._consumers.values():
             consumer.close()
         self._consumers.clear()
+
+
+def _read_to_end(consumer: Consumer, tp: tuple[str, int], position: int) -> bool:
+    """Whether ``position`` is at the log end as the consumer's latest fetch
+    response said (it waits at the end for new records, and Apache Kafka
+    answers as soon as one comes; Tansu within its short fetch wait)."""
+    end = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[1]
+    return end != OFFSET_UNKNOWN and position >= end
 
 
 def _filtered(rules: RuleSet, record: Message, item: Item | None,
