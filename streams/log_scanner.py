@@ -80,6 +80,9 @@ class LogScanner:
         self._seen: dict[str, OrderedDict[str, tuple[int, int]]] = {}
         #: window key -> (accepted up to, when sent): an accept not yet applied
         self._sent: dict[str, tuple[int, float]] = {}
+        #: window key -> (its log partition, where its last scan found the
+        #: log's end): until the log grows, passed over without loading it
+        self._at_end: dict[str, tuple[tuple[str, int], int]] = {}
         #: dead letters already copied to their forward target (not yet removed)
         self._dead_sent: set[tuple[str, int]] = set()
         self._forwarder = Forwarder(settings)
@@ -91,10 +94,22 @@ class LogScanner:
             commands = [self._scan(window), self._forward_dead_letters(window)]
             return [c for c in commands if c is not None]
 
+    def nothing_new(self, key: str) -> bool:
+        """Whether the log of window ``key`` has not grown since its last
+        scan found nothing to accept or forward (no window is loaded for it:
+        twenty idle session queues cost the engine 0.09 of a core when each
+        was loaded to be scanned every 50 ms, 0.03 before that)."""
+        with self._lock:
+            at = self._at_end.get(key)
+            consumer = self._consumers.get(key)
+            return (at is not None and consumer is not None
+                    and _read_to_end(consumer, at[0], at[1]))
+
     def reset(self) -> None:
         """Forget histories and positions: after a rebalance another worker
         may have accepted records of a window this one will own again."""
         with self._lock:
+            self._at_end.clear()
             self._seen.clear()
             self._sent.clear()
             self._dead_sent.clear()
@@ -115,7 +130,10 @@ class LogScanner:
         if window.duplicate_window_ms and key not in self._seen:
             self._rebuild_history(key, tp, window)
         records = self._read(key, tp, start)
+        self._at_end.pop(key, None)
         if not records:
+            if not window.forward_dead_letters_to:
+                self._at_end[key] = (tp, start)
             return None
         now = int(time.time() * 1000)
         items, to_forward = [], []
@@ -279,6 +297,7 @@ class LogScanner:
             if consumer is not None:
                 consumer.close()
             self._positions.pop(key, None)
+            self._at_end.pop(key, None)
             self._seen.pop(key, None)
             self._sent.pop(key, None)
 

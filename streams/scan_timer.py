@@ -35,6 +35,8 @@ async def scan_queue_logs() -> None:
             listed_at = time.monotonic()
         busy = False
         for key in scanned:
+            if _scanner.nothing_new(key.decode()):
+                continue
             raw = headers.get(key)
             if not raw or not InflightWindow.is_scanned(raw):
                 continue  # deleted, or defined again without what needs scanning, since listed
