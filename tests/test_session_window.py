@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import json
 import time
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from streams import session_index
 from streams.acceptance import NO_SESSION, AcceptArgs, Item
 from streams.states import SESSION_ID_NULL_REASON, Refused
+from streams.store import MemoryStore, Txn
 from streams.window import InflightWindow
 from tests.wire_commands import wire_command
 from topics.commands import ClientArgs, Command, Policy
@@ -195,3 +197,21 @@ def test_a_deep_session_keeps_every_key_and_every_command_small() -> None:
     outcome = win.apply(cmd("settle", items=items), 3)
     assert sum(len(k) + len(v or b"") for k, v in outcome.writes.items()) < 20_000
     assert win.stats()["active"] == 100_000 - 100
+
+
+def test_a_session_stored_before_its_record_kept_offsets_reads_from_its_lists() -> None:
+    """A session record of seven fields (stored before offsets were kept in
+    it) still has its offsets in its list keys: they are read from there,
+    and once drained the next ones are kept in its record."""
+    store = MemoryStore()
+    txn = Txn(store)
+    index = session_index.SessionIndex(txn, b"q#0\x00")
+    txn.put(b"q#0\x00sold", json.dumps([2, 0, 0, 5, 0, 0, [5]]).encode())
+    txn.put(index._list_key("old", 5), b"[5,9]")
+    assert list(index.offsets("old")) == [5, 9]
+    index.remove("old", 5)
+    index.remove("old", 9)
+    index.add("old", 12)
+    index.flush()
+    assert [k for k in txn.writes if b"\x00p" in k and txn.writes[k] is not None] == []
+    assert session_index.Session.decode("old", txn.get(b"q#0\x00sold") or b"").inline == [12]
