@@ -246,9 +246,10 @@ def session_messages(sessions: int, per_session: int, size: int) -> list[Service
 class ScanWatch:
     """How far the engine's log scanner has accepted each queue, as the
     window summaries on the state topic say, read from where the topic ended
-    when the watch was made. Watching costs the engine nothing; listing
-    100,000 sessions twice a second took it most of the time it took to
-    accept them (one listing 43 s while they were being accepted)."""
+    when the watch was made. Watching costs the engine nothing, where
+    listing every session twice a second had it answer listings between
+    accepting (100,000 sessions: accepted in 19.9 s with the listing, 18.3 s
+    without, in two runs)."""
 
     def __init__(self, conn: str) -> None:
         self._settings = parse_connection_string(conn)
