@@ -73,12 +73,15 @@ class Item:
 @dataclass(frozen=True)
 class AcceptArgs(Args):
     """The log scanner vouches for the offsets of ``[first, end)``; ``items``:
-    what it found per offset (the others are plain)."""
+    what it found per offset (the others are plain); ``left_out``: offsets
+    the subscription's rules did not select, none failing (an item each
+    would cost a topic's ten subscriptions more than their rules do)."""
 
     OP = Op.ACCEPT
     first: int
     end: int
     items: tuple[Item, ...]
+    left_out: tuple[int, ...] = ()
 
 
 def accept(window: WindowView, cmd: Command[AcceptArgs], _now: int, events: list[Event]
@@ -91,7 +94,7 @@ def accept(window: WindowView, cmd: Command[AcceptArgs], _now: int, events: list
     duplicates: list[int] = []
     scheduled: list[int] = []
     forwarded: list[int] = []
-    filtered: list[int] = []
+    filtered = [o for o in cmd.args.left_out if first <= o < end]
     expiries: list[list[int]] = []
     failed: dict[str, list[int]] = {}  # why a filter failed -> on which messages
     if window.requires_session:
@@ -141,7 +144,7 @@ def accept(window: WindowView, cmd: Command[AcceptArgs], _now: int, events: list
     if duplicates:
         events.append(Event("duplicate", duplicates))
     if filtered:
-        events.append(Event("filtered", filtered))
+        events.append(Event("filtered", sorted(filtered)))
     if failed:  # one event says why: the first error, and on which messages
         first_error = next(iter(failed))
         events.append(Event("filter_failed", sorted(o for g in failed.values() for o in g), {

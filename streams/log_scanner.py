@@ -42,7 +42,12 @@ from streams.window import InflightWindow
 from topics import names
 from topics.commands import Command, DeadForwardedArgs, valid_session_id
 from topics.connection import ConnectionSettings
-from topics.message_record import MalformedRecord, filter_properties, scanned_headers
+from topics.message_record import (
+    MalformedRecord,
+    ScannedHeaders,
+    filter_properties,
+    scanned_headers,
+)
 from topics.offsets import OFFSET_UNKNOWN, offset_of, position_of, take
 from topics.partitions import session_partition
 from topics.rule_set import RuleSet
@@ -75,7 +80,7 @@ class LogScanner:
         self._positions: dict[str, int] = {}
         #: per log partition, the records its last read returned (at most
         #: MAX_RECORDS: bounded by the number of scanned log partitions)
-        self._recent: dict[tuple[str, int], list[Message]] = {}
+        self._recent: dict[tuple[str, int], list[_Read]] = {}
         #: window key -> message id -> (offset, enqueued ms), oldest first
         self._seen: dict[str, OrderedDict[str, tuple[int, int]]] = {}
         #: window key -> (accepted up to, when sent): an accept not yet applied
@@ -140,22 +145,26 @@ class LogScanner:
         rules = self._definitions().rules(window.entity)
         found = self._definitions().policy(window.entity)
         dead_letter_errors = found is not None and found[1].dead_letter_filter_errors
-        end = offset_of(records[-1]) + 1
+        end = records[-1].offset + 1
         failures = 0
         partitions = found[1].partitions if found is not None else 1
         sessions: set[str] = set()
-        for record in records:
-            item = self._item(key, window, record, now)
+        left_out: list[int] = []
+        for read in records:
+            item = self._item(key, window, read, now)
             if rules is not None and (item is None or item.mark == PLAIN):
-                item = _filtered(rules, record, item, dead_letter_errors)
+                item = _filtered(rules, read, item, dead_letter_errors)
+                if item is _LEFT_OUT:
+                    left_out.append(read.offset)
+                    continue
             if window.forward_to and (item is None or item.mark == PLAIN):
-                to_forward.append(record)  # the target applies time to live and schedule
+                to_forward.append(read.record)  # the target applies time to live and schedule
                 continue
             if window.requires_session and (item is None or item.mark == PLAIN):
-                item = _in_session(record, item or Item(offset_of(record)), partitions)
+                item = _in_session(read, item or Item(read.offset), partitions)
                 if item.session is not None and item.session not in sessions:
                     if len(sessions) >= MAX_SESSIONS_PER_ACCEPT:
-                        end = offset_of(record)  # the next scan goes on from here
+                        end = read.offset  # the next scan goes on from here
                         break
                     sessions.add(item.session)
             if item is not None:
@@ -164,14 +173,14 @@ class LogScanner:
             if failures >= MAX_FILTER_FAILURES:
                 # Each failure is stored with its error: keep the accept small
                 # enough to store at once; the next scan goes on from here.
-                end = offset_of(record) + 1
+                end = read.offset + 1
                 break
         if to_forward:
             assert window.forward_to is not None
             items += self._forwarder.forward(to_forward, window.forward_to)
         self._sent[key] = (end, time.monotonic())
         return Command(f"accept-{uuid.uuid4().hex}", window.entity, window.partition,
-                       AcceptArgs(start, end, tuple(items)))
+                       AcceptArgs(start, end, tuple(items), tuple(left_out)))
 
     def _forward_dead_letters(self, window: InflightWindow) -> Command | None:
         if not window.forward_dead_letters_to:
@@ -191,11 +200,10 @@ class LogScanner:
         return Command(f"dead-forwarded-{uuid.uuid4().hex}", window.entity, window.partition,
                        DeadForwardedArgs(tuple(copied)))
 
-    def _item(self, key: str, window: InflightWindow, record: Message, now: int
-              ) -> Item | None:
-        headers = scanned_headers(record.headers())
-        enqueued = record.timestamp()[1]
-        offset = offset_of(record)
+    def _item(self, key: str, window: InflightWindow, read: _Read, now: int) -> Item | None:
+        headers = read.headers
+        enqueued = read.record.timestamp()[1]
+        offset = read.offset
         message_id = headers.message_id
         if window.duplicate_window_ms and message_id is not None:
             if self._remember(key, message_id, offset, enqueued, window.duplicate_window_ms):
@@ -239,16 +247,16 @@ class LogScanner:
             records = self._read(key, tp, position, until=window.scanned)
             if not records:
                 break
-            for record in records:
-                message_id = scanned_headers(record.headers()).message_id
+            for read in records:
+                message_id = read.headers.message_id
                 if message_id is not None:
-                    self._remember(key, message_id, offset_of(record), record.timestamp()[1],
+                    self._remember(key, message_id, read.offset, read.record.timestamp()[1],
                                    window.duplicate_window_ms)
-            position = offset_of(records[-1]) + 1
+            position = records[-1].offset + 1
         log.info("rebuilt duplicate history of %s: %d ids", key, len(self._seen[key]))
 
     def _read(self, key: str, tp: tuple[str, int], start: int, until: int | None = None
-              ) -> list[Message]:
+              ) -> list[_Read]:
         if until is None and (recent := self._recently_read(tp, start)):
             return recent
         consumer = self._consumer(key)
@@ -262,23 +270,23 @@ class LogScanner:
             # sessions beside two idle session queues: accepted in 19 s,
             # 7.4 s alone).
             return []
-        records = [r for r in take(consumer, MAX_RECORDS, 0.05) if r.error() is None]
+        records = [_Read(r) for r in take(consumer, MAX_RECORDS, 0.05) if r.error() is None]
         if until is not None:
-            records = [r for r in records if offset_of(r) < until]
+            records = [r for r in records if r.offset < until]
         if records:
-            self._positions[key] = offset_of(records[-1]) + 1
+            self._positions[key] = records[-1].offset + 1
             if until is None:
                 self._recent[tp] = records
         return records
 
-    def _recently_read(self, tp: tuple[str, int], start: int) -> list[Message]:
+    def _recently_read(self, tp: tuple[str, int], start: int) -> list[_Read]:
         """Records from ``start`` on that the last read of ``tp`` returned:
         the subscriptions of one topic scan the same offsets one after the
         other, so its log is read once for all of them."""
         recent = self._recent.get(tp)
-        if not recent or not offset_of(recent[0]) <= start <= offset_of(recent[-1]):
+        if not recent or not recent[0].offset <= start <= recent[-1].offset:
             return []
-        first = bisect.bisect_left([offset_of(r) for r in recent], start)
+        first = bisect.bisect_left(recent, start, key=lambda r: r.offset)
         return recent[first:]
 
     def _consumer(self, key: str) -> Consumer:
@@ -316,32 +324,73 @@ def _read_to_end(consumer: Consumer, tp: tuple[str, int], position: int) -> bool
     return end != OFFSET_UNKNOWN and position >= end
 
 
-def _filtered(rules: RuleSet, record: Message, item: Item | None,
+class _Read:
+    """A record as the scanner read it. The subscriptions of one topic scan
+    the same records one after another, so what they look at (the headers,
+    the properties their rules see) is parsed once, on first use."""
+
+    __slots__ = ("record", "offset", "_headers", "_view")
+
+    def __init__(self, record: Message) -> None:
+        self.record = record
+        self.offset = offset_of(record)
+        self._headers: ScannedHeaders | None = None
+        #: what rules see of it; False: a record that breaks the format
+        self._view: MessageView | bool | None = None
+
+    @property
+    def headers(self) -> ScannedHeaders:
+        if self._headers is None:
+            self._headers = scanned_headers(self.record.headers())
+        return self._headers
+
+    def view(self) -> MessageView | None:
+        """What rules see of the record; None when it breaks the format."""
+        if self._view is None:
+            record = self.record
+            try:
+                self._view = MessageView(*filter_properties(
+                    record.value(), record.headers(), record.timestamp()[1],
+                    position_of(record)[0], self.offset))
+            except MalformedRecord:
+                self._view = False
+        return self._view if isinstance(self._view, MessageView) else None
+
+
+#: what :func:`_filtered` says of a record no rule selected, without a failure
+_LEFT_OUT = Item(-1, mark=FILTERED)
+
+
+def _filtered(rules: RuleSet, read: _Read, item: Item | None,
               dead_letter_errors: bool) -> Item | None:
-    """The accept item of a record after the subscription's rules: filtered
-    out, dead-lettered for a failed filter, or as it was (matched)."""
-    offset = offset_of(record)
-    try:
-        system, user = filter_properties(record.value(), record.headers(),
-                                         record.timestamp()[1], position_of(record)[0], offset)
-    except MalformedRecord:
+    """The accept item of a record after the subscription's rules: left out
+    (:data:`_LEFT_OUT`; an item saying why when a filter failed),
+    dead-lettered for a failed filter, or as it was (matched)."""
+    view = read.view()
+    if view is None:
         return item  # handed out, and the receiver dead-letters it
-    verdict = rules.evaluate(MessageView(system, user))
+    verdict = rules.evaluate(view)
+    if verdict.matched and not verdict.failures:
+        return item
+    if not verdict.failures:
+        return _LEFT_OUT
+    offset = read.offset
     error = "; ".join(f"rule {name!r}: {why}" for name, why in verdict.failures)[:_MAX_ERROR]
-    if verdict.failures and dead_letter_errors:
+    if dead_letter_errors:
         return Item(offset, mark=FILTER_FAILED, error=error)
     if not verdict.matched:
-        return Item(offset, mark=FILTERED, error=error or None)
+        return Item(offset, mark=FILTERED, error=error)
     if error:
         return replace(item or Item(offset), error=error)
     return item
 
 
-def _in_session(record: Message, item: Item, partitions: int) -> Item:
+def _in_session(read: _Read, item: Item, partitions: int) -> Item:
     """The item with the record's session; a record no session can take is
     marked for the dead letters (a session lives in one partition: the one
     Kafka's murmur2 partitioner gives its id, as senders key by it)."""
-    session = scanned_headers(record.headers()).session_id
+    session = read.headers.session_id
+    record = read.record
     if session is None:
         return replace(item, mark=NO_SESSION)
     if not valid_session_id(session):

@@ -41,6 +41,7 @@ from streams import acceptance, scheduling, sessions
 from streams.answers import KEEP_MS, Answers
 from streams.due_index import EXPIRY, LOCK, SCHEDULE, SESSION, DueIndex
 from streams.entries import FAMILIES, Entries, Entry
+from streams.left_out import LeftOutBlocks
 from streams.session_index import SessionIndex
 from streams.states import (
     AVAILABLE,
@@ -134,6 +135,11 @@ class InflightWindow:
         #: handed out (left out by a subscription's rules, duplicates,
         #: forwarded), in order: a million in a row cost one range, not an entry each
         self.left_out: list[list[int]] = []
+        #: left-out offsets past those ranges, kept in blocks (streams.left_out),
+        #: and where the last block starts (-1: none); while any is kept there,
+        #: the next ones go there too, so the header's ranges come first
+        self.spilled = 0
+        self.spill_tail = -1
         self.totals: dict[str, int] = {}
         self.wake: int | None = None
         #: the oldest offset the log must keep (see :meth:`retained_from`)
@@ -159,13 +165,14 @@ class InflightWindow:
         self.due = DueIndex(self.txn, self.prefix)
         self.answers = Answers(self.txn, self.prefix)
         self.sessions = SessionIndex(self.txn, self.prefix)
+        self.left_out_blocks = LeftOutBlocks(self.txn, self.prefix)
 
     # ----------------------------------------------------------------- header
     _HEADER_FIELDS = ("start", "next", "hw", "lock_ms", "max_delivery", "dead_letter_expired",
                       "duplicate_window_ms", "default_ttl_ms", "forward_to",
                       "forward_dead_letters_to", "requires_session", "policy_version",
-                      "scanned", "counts", "ahead", "left_out", "totals", "wake", "retained",
-                      "answers_due", "secret")
+                      "scanned", "counts", "ahead", "left_out", "spilled", "spill_tail",
+                      "totals", "wake", "retained", "answers_due", "secret")
 
     def header(self) -> dict[str, Any]:
         return {"entity": self.entity, "partition": self.partition,
@@ -265,6 +272,7 @@ class InflightWindow:
             self.totals[ev.type] = self.totals.get(ev.type, 0) + ev.count
         self.sessions.flush()
         self.entries.flush()
+        self.left_out_blocks.flush()
         self.wake = self.due.next_wake(self.wake)
         self.retained = self.retained_from()
         writes = self.txn.writes
@@ -546,15 +554,20 @@ class InflightWindow:
                 self.ahead -= 1
                 if entry.state == CANCELLED:
                     self.entries.put(offset, None)
-        self.next = max(self.next, reached)
+        before, self.next = self.next, max(self.next, reached)
         if self.left_out and self.left_out[0][1] <= self.next:
             self.left_out = [r for r in self.left_out if r[1] > self.next]
+        if self.spilled and self.next > before:
+            self.spilled -= self.left_out_blocks.pass_to(before, self.next)
+            if not self.spilled:
+                self.spill_tail = -1
         return taken
 
     def _not_left_out(self, start: int, stop: int) -> Iterator[int]:
         """The offsets of ``[start, stop)`` outside the left-out ranges, in order."""
         offset = start
-        for first, end in self.left_out:
+        spilled = self.left_out_blocks.ranges() if self.spilled else iter(())
+        for first, end in itertools.chain(self.left_out, spilled):
             if end <= offset:
                 continue
             yield from range(offset, min(first, stop))
@@ -564,10 +577,11 @@ class InflightWindow:
         yield from range(offset, stop)
 
     def leave_out(self, offsets: list[int]) -> None:
-        """``offsets`` (in order) are never to be handed out. Those at or after
-        ``next`` become ranges of :attr:`left_out` (at most
-        :data:`MAX_LEFT_OUT_RANGES`; beyond, or where an offset has an entry
-        already, it gets a cancelled entry); those before it are settled."""
+        """``offsets`` (in order, after every offset left out before) are
+        never to be handed out. Those at or after ``next`` become ranges of
+        :attr:`left_out` (at most :data:`MAX_LEFT_OUT_RANGES`; beyond, ranges
+        in blocks of their own); one that has an entry already gets a
+        cancelled entry, and those before ``next`` are settled."""
         ranges = [list(r) for r in self.left_out]  # new lists: the header before must not change
         for offset in offsets:
             if offset < self.next:  # reached already (sessions): nothing to keep
@@ -575,12 +589,14 @@ class InflightWindow:
                     self.settled(offset)
             elif self.ahead and self.entries.get(offset) is not None:
                 self.settled(offset)
+            elif self.spilled or (len(ranges) >= MAX_LEFT_OUT_RANGES
+                                  and ranges[-1][1] != offset):
+                self.spill_tail = self.left_out_blocks.add(offset, self.spill_tail)
+                self.spilled += 1
             elif ranges and ranges[-1][1] == offset:
                 ranges[-1][1] = offset + 1
-            elif len(ranges) < MAX_LEFT_OUT_RANGES and (not ranges or ranges[-1][1] < offset):
-                ranges.append([offset, offset + 1])
             else:
-                self.settled(offset)
+                ranges.append([offset, offset + 1])
         self.left_out = ranges
 
     def _acquire_deferred(self, cmd: Command[AcquireDeferredArgs], now: int,
@@ -761,7 +777,7 @@ class InflightWindow:
         """Counts for runtime properties; ``active`` includes locked messages."""
         count = self.entries.count
         unseen = max(0, self.hw - self.next - self.ahead
-                     - sum(end - first for first, end in self.left_out))
+                     - sum(end - first for first, end in self.left_out) - self.spilled)
         return {
             "active": count(AVAILABLE, LOCKED, QUEUED) + unseen,
             "locked": count(LOCKED),
