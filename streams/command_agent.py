@@ -289,24 +289,36 @@ def _share() -> float:
     return max(mine, 1) / engine_partitions
 
 
-async def run_internal(cmd: Command) -> None:
-    """Run an operation of the engine's own timers or scanner on a window
-    this worker owns. It never travels on the commands topic, so no client
-    can forge one; it waits its turn with the commands."""
-    partition = window_partition(cmd.window_key)
-    if TP(commands_topic.get_topic_name(), partition) not in app.consumer.assignment():
-        return  # the window moved to another worker, whose timers take over
-    if clock.now(partition) is None:  # not known since this worker got it: a tick tells
-        request_tick(partition)
-        known = _time_known.setdefault(partition, asyncio.Event())
-        try:
-            await asyncio.wait_for(known.wait(), _TIME_WAIT_S)
-        except TimeoutError:
+async def run_internal(*cmds: Command) -> None:
+    """Run operations of the engine's own timers or scanner on windows this
+    worker owns, together (one commit round for all: the scanner's accepts of
+    a topic's subscriptions). They never travel on the commands topic, so no
+    client can forge one; they wait their turn with the commands."""
+    runs = []
+    for cmd in cmds:
+        partition = window_partition(cmd.window_key)
+        if TP(commands_topic.get_topic_name(), partition) not in app.consumer.assignment():
+            continue  # the window moved to another worker, whose timers take over
+        if clock.now(partition) is None and not await _time_of(partition):
             log.warning("no time for commands partition %d after %.0f s: %s on %s waits for "
                         "the next round", partition, _TIME_WAIT_S, cmd.op, cmd.window_key)
-            return
-    async with _one_at_a_time:
-        await _execute([_Run(cmd, partition, -1, None)])
+            continue
+        runs.append(_Run(cmd, partition, -1, None))
+    if runs:
+        async with _one_at_a_time:
+            await _execute(runs)
+
+
+async def _time_of(partition: int) -> bool:
+    """Whether the time of a commands partition this worker got is known
+    within a while: a tick appended there tells it."""
+    request_tick(partition)
+    known = _time_known.setdefault(partition, asyncio.Event())
+    try:
+        await asyncio.wait_for(known.wait(), _TIME_WAIT_S)
+    except TimeoutError:
+        return False
+    return True
 
 
 @dataclass

@@ -52,18 +52,18 @@ class LeftOutBlocks:
                 separators=(",", ":")).encode())
         self._dirty.clear()
 
-    def add(self, offset: int, tail: int) -> int:
-        """Leave ``offset`` out; it comes after every offset left out before,
-        and ``tail`` is where the last block starts (-1: none). Returns
-        where the last block starts now."""
+    def add(self, first: int, end: int, tail: int) -> int:
+        """Leave ``[first, end)`` out; it comes after every offset left out
+        before, and ``tail`` is where the last block starts (-1: none).
+        Returns where the last block starts now."""
         ranges = self._block(tail) if tail >= 0 else []
-        if ranges and ranges[-1][1] == offset:
-            ranges[-1][1] = offset + 1
+        if ranges and ranges[-1][1] == first:
+            ranges[-1][1] = end
         elif tail >= 0 and len(ranges) < RANGES_PER_BLOCK:
-            ranges.append([offset, offset + 1])
+            ranges.append([first, end])
         else:
-            tail = offset
-            self._blocks[tail] = [[offset, offset + 1]]
+            tail = first
+            self._blocks[tail] = [[first, end]]
         self._dirty.add(tail)
         return tail
 

@@ -74,10 +74,12 @@ class LogScanner:
         self._settings = settings
         self._definitions = definitions
         self._lock = threading.Lock()
-        #: window key -> its consumer and where it stands (subscriptions of one
-        #: topic each read the topic's log at their own pace)
-        self._consumers: dict[str, Consumer] = {}
-        self._positions: dict[str, int] = {}
+        #: per log partition, one consumer and where it stands, for every
+        #: window scanning it (a topic's subscriptions share it: a consumer
+        #: each fetched the topic ten times over), and those windows' keys
+        self._consumers: dict[tuple[str, int], Consumer] = {}
+        self._positions: dict[tuple[str, int], int] = {}
+        self._readers: dict[tuple[str, int], set[str]] = {}
         #: per log partition, the records its last read returned (at most
         #: MAX_RECORDS: bounded by the number of scanned log partitions)
         self._recent: dict[tuple[str, int], list[_Read]] = {}
@@ -106,7 +108,7 @@ class LogScanner:
         was loaded to be scanned every 50 ms, 0.03 before that)."""
         with self._lock:
             at = self._at_end.get(key)
-            consumer = self._consumers.get(key)
+            consumer = self._consumers.get(at[0]) if at is not None else None
             return (at is not None and consumer is not None
                     and _read_to_end(consumer, at[0], at[1]))
 
@@ -235,7 +237,7 @@ class LogScanner:
         assert window.scanned is not None
         self._seen[key] = OrderedDict()
         since = int(time.time() * 1000) - window.duplicate_window_ms
-        consumer = self._consumer(key)
+        consumer = self._consumer(key, tp)
         try:
             found = consumer.offsets_for_times([TopicPartition(*tp, since)], timeout=10)[0]
             start = found.offset if found.offset >= 0 else window.scanned
@@ -259,10 +261,10 @@ class LogScanner:
               ) -> list[_Read]:
         if until is None and (recent := self._recently_read(tp, start)):
             return recent
-        consumer = self._consumer(key)
-        if self._positions.get(key) != start:
+        consumer = self._consumer(key, tp)
+        if self._positions.get(tp) != start:
             consumer.assign([TopicPartition(*tp, start)])
-            self._positions[key] = start
+            self._positions[tp] = start
         elif until is None and _read_to_end(consumer, tp, start):
             # Nothing appended since the last read: no wait for it. Every
             # window scanned in a round waited 50 ms for nothing before, so
@@ -274,10 +276,19 @@ class LogScanner:
         if until is not None:
             records = [r for r in records if r.offset < until]
         if records:
-            self._positions[key] = records[-1].offset + 1
+            self._positions[tp] = records[-1].offset + 1
             if until is None:
-                self._recent[tp] = records
+                self._keep_recent(tp, records)
         return records
+
+    def _keep_recent(self, tp: tuple[str, int], records: list[_Read]) -> None:
+        """Keep the last ``MAX_RECORDS`` records read of ``tp``: a read that
+        goes on where the kept ones end is added to them, so subscriptions
+        scanning at different paces still share one parse of each record."""
+        recent = self._recent.get(tp)
+        if recent and recent[-1].offset + 1 == records[0].offset:
+            records = (recent + records)[-MAX_RECORDS:]
+        self._recent[tp] = records
 
     def _recently_read(self, tp: tuple[str, int], start: int) -> list[_Read]:
         """Records from ``start`` on that the last read of ``tp`` returned:
@@ -289,11 +300,13 @@ class LogScanner:
         first = bisect.bisect_left(recent, start, key=lambda r: r.offset)
         return recent[first:]
 
-    def _consumer(self, key: str) -> Consumer:
-        if key not in self._consumers:
-            self._consumers[key] = Consumer(
+    def _consumer(self, key: str, tp: tuple[str, int]) -> Consumer:
+        """The consumer of log partition ``tp``, which window ``key`` reads."""
+        self._readers.setdefault(tp, set()).add(key)
+        if tp not in self._consumers:
+            self._consumers[tp] = Consumer(
                 self._settings.consumer_config(f"scanner-{uuid.uuid4().hex[:8]}"))
-        return self._consumers[key]
+        return self._consumers[tp]
 
     def release(self, key: str) -> None:
         """Close what reads the log of a window the engine forgot (its entity
@@ -301,10 +314,13 @@ class LogScanner:
         still assigned to a deleted topic crashes the process on the
         embedded broker."""
         with self._lock:
-            consumer = self._consumers.pop(key, None)
-            if consumer is not None:
-                consumer.close()
-            self._positions.pop(key, None)
+            for tp, readers in list(self._readers.items()):
+                readers.discard(key)
+                if not readers:  # the last window reading it
+                    del self._readers[tp]
+                    self._consumers.pop(tp).close()
+                    self._positions.pop(tp, None)
+                    self._recent.pop(tp, None)
             self._at_end.pop(key, None)
             self._seen.pop(key, None)
             self._sent.pop(key, None)
@@ -314,6 +330,7 @@ class LogScanner:
         for consumer in self._consumers.values():
             consumer.close()
         self._consumers.clear()
+        self._readers.clear()
 
 
 def _read_to_end(consumer: Consumer, tp: tuple[str, int], position: int) -> bool:
@@ -369,20 +386,17 @@ def _filtered(rules: RuleSet, read: _Read, item: Item | None,
     view = read.view()
     if view is None:
         return item  # handed out, and the receiver dead-letters it
+    selected = rules.selects(view)
+    if selected is not None:
+        return item if selected else _LEFT_OUT
     verdict = rules.evaluate(view)
-    if verdict.matched and not verdict.failures:
-        return item
-    if not verdict.failures:
-        return _LEFT_OUT
     offset = read.offset
     error = "; ".join(f"rule {name!r}: {why}" for name, why in verdict.failures)[:_MAX_ERROR]
     if dead_letter_errors:
         return Item(offset, mark=FILTER_FAILED, error=error)
     if not verdict.matched:
         return Item(offset, mark=FILTERED, error=error)
-    if error:
-        return replace(item or Item(offset), error=error)
-    return item
+    return replace(item or Item(offset), error=error)
 
 
 def _in_session(read: _Read, item: Item, partitions: int) -> Item:

@@ -583,21 +583,32 @@ class InflightWindow:
         in blocks of their own); one that has an entry already gets a
         cancelled entry, and those before ``next`` are settled."""
         ranges = [list(r) for r in self.left_out]  # new lists: the header before must not change
-        for offset in offsets:
-            if offset < self.next:  # reached already (sessions): nothing to keep
-                if self.entries.get(offset) is not None:
-                    self.settled(offset)
-            elif self.ahead and self.entries.get(offset) is not None:
-                self.settled(offset)
-            elif self.spilled or (len(ranges) >= MAX_LEFT_OUT_RANGES
-                                  and ranges[-1][1] != offset):
-                self.spill_tail = self.left_out_blocks.add(offset, self.spill_tail)
-                self.spilled += 1
-            elif ranges and ranges[-1][1] == offset:
-                ranges[-1][1] = offset + 1
+        for first, end in self._runs_left_out(offsets):
+            if not self.spilled and ranges and ranges[-1][1] == first:
+                ranges[-1][1] = end
+            elif not self.spilled and len(ranges) < MAX_LEFT_OUT_RANGES:
+                ranges.append([first, end])
             else:
-                ranges.append([offset, offset + 1])
+                self.spill_tail = self.left_out_blocks.add(first, end, self.spill_tail)
+                self.spilled += end - first
         self.left_out = ranges
+
+    def _runs_left_out(self, offsets: list[int]) -> Iterator[tuple[int, int]]:
+        """``[first, end)`` runs of consecutive ``offsets`` to keep as
+        left out; those reached already, or with an entry, are settled."""
+        first = end = -1
+        for offset in offsets:
+            if offset < self.next or (self.ahead and self.entries.get(offset) is not None):
+                if offset >= self.next or self.entries.get(offset) is not None:
+                    self.settled(offset)
+                continue
+            if offset != end:
+                if first >= 0:
+                    yield first, end
+                first = offset
+            end = offset + 1
+        if first >= 0:
+            yield first, end
 
     def _acquire_deferred(self, cmd: Command[AcquireDeferredArgs], now: int,
                           events: list[Event]) -> dict[str, Any]:

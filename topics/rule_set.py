@@ -135,6 +135,16 @@ class RuleSet:
                     verdict.actions.append(name)
         return verdict
 
+    def selects(self, view: MessageView) -> bool | None:
+        """Whether a rule selects the message, every filter evaluated as
+        :meth:`evaluate` does, without its verdict (the engine's scanner asks
+        this of every message for every subscription); None when a filter
+        failed on it: :meth:`evaluate` then says which and why."""
+        try:
+            return any([compiled.matches(view) for _, compiled in self._filters])
+        except FilterEvaluationError:
+            return None
+
     def apply_actions(self, view: MessageView, rules: list[str]) -> dict[str, Any]:
         """The application properties after the actions of ``rules``; an
         action that fails leaves the properties as they were before it."""
