@@ -10,7 +10,13 @@ one engine worker, then measures on that one broker:
    rule replaced by the SQL filter ``bucket = K``: the same N messages are
    published (``bucket = i % 10``, so each subscription selects a tenth), then
    every subscription is drained with ``receive_messages(1000)`` +
-   ``complete_messages``.
+   ``complete_messages``;
+3. a topic with 3 subscriptions, as a ported application has them: ``all``
+   (its ``$Default`` rule) and ``low`` / ``high`` (SQL filters taking half
+   each); N/4 messages are published, then each subscription is drained by a
+   thread of its own with ``receive_messages(100)`` and ``complete_message``
+   on each message. Every message is settled twice, and the rate counts
+   settlements.
 
 A topic message is stored once, in the topic's log; the engine's log
 scanner reads each topic partition once for all of its subscriptions (it
@@ -21,6 +27,10 @@ filter evaluation, and the time from the end of publishing to the last
 subscription drained bounds when every subscription's messages were all
 acceptable. The settle rate across subscriptions counts each published
 message once: N over that clock.
+
+Each figure is printed beside issue 25's target, and by how much it is
+missed: topic / queue ratios of 0.8 for publishing and settling, 3,000
+settled msg/s for the 3 subscriptions.
 
 Every subscription must get exactly its N/10 messages (by the ``bucket``
 application property), none twice, none left or dead-lettered
@@ -61,6 +71,7 @@ from bench.run import (
     wait_for_engine,
 )
 from settlement import ServiceBusClient, ServiceBusMessage
+from settlement.exceptions import ServiceBusError
 from settlement.management import ServiceBusAdministrationClient, SqlRuleFilter
 from settlement.receiver import ServiceBusReceiver
 from settlement.sender import ServiceBusSender
@@ -69,8 +80,16 @@ from topics.rules import MessageView, compile_filter
 
 NAMESPACE = "benchtopics"
 TOPIC = "orders"
+#: what a one-by-one drain receives at a time
+ONE_BY_ONE_BATCH = 100
+#: issue 25's targets: topic / queue ratios, and settled msg/s of the 3 subscriptions
+RATIO_TARGET = 0.8
+THREE_TARGET = 3_000
 QUEUE = "plain"
 BUCKETS = 10
+#: the topic with 3 subscriptions, and each one's SQL filter (None: $Default)
+TOPIC3 = "orders3"
+THREE = {"all": None, "low": f"bucket < {BUCKETS // 2}", "high": f"bucket >= {BUCKETS // 2}"}
 BATCH = 1000
 CHUNK = 1000
 log = logging.getLogger("bench.topics")
@@ -102,12 +121,16 @@ def publish(sender: ServiceBusSender, messages: list[ServiceBusMessage], meter: 
 # -------------------------------------------------------------------- drain
 @dataclass
 class Subscription:
-    """One subscription's receiver and what it got and settled."""
+    """One subscription's receiver and what it got and settled; with
+    ``one_by_one`` it receives ``ONE_BY_ONE_BATCH`` at a time and settles
+    each with ``complete_message`` (what a ported worker loop does)."""
 
+    topic: str
     name: str
-    bucket: int
+    buckets: frozenset[int]
     expected: list[str]
     receiver: ServiceBusReceiver
+    one_by_one: bool = False
     received: Counter[str] = field(default_factory=Counter)
     settled: Counter[str] = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
@@ -120,7 +143,8 @@ class Subscription:
         missing). Stops at the count rather than at an empty receive, so the
         clock does not include a final wait."""
         while sum(self.settled.values()) + len(self.failures) < len(self.expected):
-            msgs = self.receiver.receive_messages(BATCH, max_wait_time=IDLE_S)
+            msgs = self.receiver.receive_messages(
+                ONE_BY_ONE_BATCH if self.one_by_one else BATCH, max_wait_time=IDLE_S)
             if not msgs:
                 log.warning("%s: nothing received for %.0fs after %d of %d; giving up",
                             self.name, IDLE_S, sum(self.settled.values()),
@@ -128,7 +152,15 @@ class Subscription:
                 break
             self.received.update(m.message_id for m in msgs)
             self.wrong_bucket += sum((m.application_properties or {}).get("bucket")
-                                     != self.bucket for m in msgs)
+                                     not in self.buckets for m in msgs)
+            if self.one_by_one:
+                for m in msgs:
+                    try:
+                        self.receiver.complete_message(m)
+                        self.settled[m.message_id] += 1
+                    except ServiceBusError as exc:
+                        self.failures.append(f"{m.message_id}: {exc}")
+                continue
             for result in self.receiver.complete_messages(msgs):
                 if result.succeeded:
                     self.settled[result.message.message_id] += 1
@@ -174,7 +206,7 @@ def subscription_check(admin: ServiceBusAdministrationClient, sub: Subscription
     nothing left active or dead-lettered. Closes the receiver."""
     check = final_check([sub.receiver], sub.expected, sub.received, sub.settled,
                         sub.failures, BATCH)
-    runtime = admin.get_subscription_runtime_properties(TOPIC, sub.name)
+    runtime = admin.get_subscription_runtime_properties(sub.topic, sub.name)
     check["wrong_bucket"] = sub.wrong_bucket
     check["active_after"] = runtime.active_message_count
     check["dead_letter_after"] = runtime.dead_letter_message_count
@@ -200,7 +232,8 @@ def topic_phases(client: ServiceBusClient, admin: ServiceBusAdministrationClient
     clock holds no receiver setup: only receives, settlements and the wait
     for the engine to filter what is received."""
     messages = bucket_messages(n, size)
-    subs = [Subscription(f"s{k}", k, [m.message_id for m in messages[k::BUCKETS]],
+    subs = [Subscription(TOPIC, f"s{k}", frozenset({k}),
+                         [m.message_id for m in messages[k::BUCKETS]],
                          client.get_subscription_receiver(TOPIC, f"s{k}"))
             for k in range(BUCKETS)]
     sent, t_pub = publish(client.get_topic_sender(TOPIC), messages, meter, "topic_publish",
@@ -218,6 +251,46 @@ def topic_phases(client: ServiceBusClient, admin: ServiceBusAdministrationClient
                           "publish_end_to_all_drained_s": round(t.end - t_pub.end, 3),
                           "drained_after_publish_s": drained_after})
     return {"topic_publish": sent, "topic_settle": settle}
+
+
+def create_three_subscriptions(admin: ServiceBusAdministrationClient) -> None:
+    """The topic of the issue's first table: ``all`` keeps its ``$Default``
+    rule, ``low`` and ``high`` each select half by a SQL filter."""
+    admin.create_topic(TOPIC3)
+    for name, expression in THREE.items():
+        admin.create_subscription(TOPIC3, name, lock_duration=LOCK_SECONDS,
+                                  max_delivery_count=10)
+        if expression is not None:
+            admin.delete_rule(TOPIC3, name, "$Default")
+            admin.create_rule(TOPIC3, name, "r", filter=SqlRuleFilter(expression))
+
+
+def three_subscriptions_phase(client: ServiceBusClient, admin: ServiceBusAdministrationClient,
+                              n: int, size: int, meter: CpuMeter) -> dict[str, Phase]:
+    """Publish ``n`` bucketed messages to a topic with 3 subscriptions, then
+    drain them, one thread each: ``receive_messages(100)``, then
+    ``complete_message`` each. Every message is settled twice (``all``, and
+    ``low`` or ``high``): the rate counts settlements."""
+    messages = bucket_messages(n, size)
+    subs = []
+    for name, buckets in (("all", range(BUCKETS)), ("low", range(BUCKETS // 2)),
+                          ("high", range(BUCKETS // 2, BUCKETS))):
+        expected = [m.message_id for m in messages
+                    if (m.application_properties or {})["bucket"] in buckets]
+        subs.append(Subscription(TOPIC3, name, frozenset(buckets), expected,
+                                 client.get_subscription_receiver(TOPIC3, name),
+                                 one_by_one=True))
+    publish(client.get_topic_sender(TOPIC3), messages, meter, "three_publish", "")
+    with Timed(meter) as t:
+        drain_in_threads(subs)
+    checks = {s.name: subscription_check(admin, s) for s in subs}
+    settled = sum(len(s.expected) for s in subs)
+    return {"three_settle": Phase(
+        "three_settle", f"topic with 3 subscriptions (all, two SQL halves): "
+        f"receive_messages({ONE_BY_ONE_BATCH}) + complete_message each, a thread each",
+        settled, t.seconds, cpu=t.cpu,
+        check={"ok": all(c["ok"] for c in checks.values()), "subscriptions": checks},
+        extra={"published": n})}
 
 
 def queue_phases(client: ServiceBusClient, n: int, size: int, meter: CpuMeter
@@ -261,20 +334,25 @@ def render(result: dict[str, Any]) -> str:
         "",
     ]
     head = (f"{'figure':<60} {'this project':>14}  {'plain queue same run':>20}  "
-            f"{'ratio':>5}  {'cores client/engine/broker':>26}")
+            f"{'ratio':>5}  {'target':<24} {'cores client/engine/broker':>26}")
     lines += [head, "-" * len(head)]
 
-    def row(label: str, value: float, base: float, unit: str, cpu: dict[str, float]) -> None:
+    def row(label: str, value: float, base: float | None, unit: str, cpu: dict[str, float],
+            target: str = "") -> None:
         busy = "/".join(f"{cpu.get(k, 0):.2f}" for k in ("client", "engine", "broker")
                         ) if cpu else ""
         fmt = (lambda x: f"{x:,.0f} /s") if unit == "/s" else (lambda x: f"{x:.2f} s")
-        lines.append(f"{label:<60} {fmt(value):>14}  {fmt(base):>20}  "
-                     f"{value / base if base else 0:>5.2f}  {busy:>26}")
+        ratio = f"{value / base:>5.2f}" if base else " " * 5
+        lines.append(f"{label:<60} {fmt(value):>14}  {fmt(base) if base else '':>20}  "
+                     f"{ratio}  {target:<24} {busy:>26}")
+
+    def ratio_target(value: float, base: float) -> str:
+        return _verdict(f">= {RATIO_TARGET} x queue", value / base / RATIO_TARGET)
 
     row(f"publish (send_messages, lists of {CHUNK:,})", tp["rate"], qp["rate"], "/s",
-        tp["cpu_cores"])
+        tp["cpu_cores"], ratio_target(tp["rate"], qp["rate"]))
     row(f"settle across all subscriptions (receive {BATCH:,} + complete)", ts["rate"],
-        qs["rate"], "/s", ts["cpu_cores"])
+        qs["rate"], "/s", ts["cpu_cores"], ratio_target(ts["rate"], qs["rate"]))
     row("end of publishing -> every subscription drained", ts["publish_end_to_all_drained_s"],
         qs["seconds"], "s", {})
     lines.append("  (the drain includes the log scanner's filter evaluation: a message is "
@@ -282,6 +360,14 @@ def render(result: dict[str, Any]) -> str:
     per = ts["drained_after_publish_s"]
     lines.append("  each subscription drained after publishing (s): "
                  + ", ".join(f"{s} {v:.2f}" for s, v in per.items()))
+    three = ph.get("three_settle")
+    if three is not None:
+        row(f"3 subscriptions, complete_message each ({three['published']:,} published)",
+            three["rate"], None, "/s", three["cpu_cores"],
+            _verdict(f">= {THREE_TARGET:,} /s", three["rate"] / THREE_TARGET))
+        for name, c in three["check"]["subscriptions"].items():
+            if not c.get("ok"):
+                lines.append(f"WARNING: {TOPIC3}/{name}: not exactly once: {json.dumps(c)}")
     checks = ts["check"]["subscriptions"]
     if ts["check"]["ok"] and qs["check"].get("ok"):
         lines.append(f"exactly-once: every subscription got exactly its {100 // BUCKETS}% "
@@ -303,6 +389,11 @@ def render(result: dict[str, Any]) -> str:
                  f"engine to read it): {result['topic_setup_s']:.1f} s")
     lines.append("cores busy = CPU seconds / wall seconds of each process during the phase")
     return "\n".join(lines)
+
+
+def _verdict(target: str, share: float) -> str:
+    """``target: met``, or by how much it was missed."""
+    return f"{target}: " + ("met" if share >= 1 else f"MISSED ({share:.0%})")
 
 
 # --------------------------------------------------------------------- main
@@ -368,6 +459,11 @@ def main(argv: list[str] | None = None) -> int:
                     step(f"topic: publish {args.messages:,}, drain ({args.drain})")
                     phases |= topic_phases(client, admin, args.messages, args.size,
                                            args.drain, meter)
+                    three = args.messages // 4
+                    step(f"topic with 3 subscriptions: publish {three:,}, drain with "
+                         "complete_message each")
+                    create_three_subscriptions(admin)
+                    phases |= three_subscriptions_phase(client, admin, three, args.size, meter)
         step("filter evaluations/s (bench.filters), broker stopped")
         result = {
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
