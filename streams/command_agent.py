@@ -349,7 +349,10 @@ class _Chunk:
     #: replaces an earlier one (the state topic is compacted by that key)
     states: dict[bytes, dict[str, Any]] = field(default_factory=dict)
     answers: list[tuple[Command, dict[str, Any]]] = field(default_factory=list)
+    #: about how much its commands add to its record (see _size), and how
+    #: much the record carries of the window's earlier ones (see _carried)
     size: int = 0
+    carried: int = 0
     changed: bool = False
     ops: set[str] = field(default_factory=set)
 
@@ -456,10 +459,12 @@ async def _apply_group(key: bytes, group: list[_Run]) -> _Chunk | None:
                     "once: send fewer messages per call, or shorter dead-letter reasons "
                     "and descriptions")
             continue
-        if chunk.size + size > MAX_COMMIT_BYTES:  # the record would be too large: commit first
+        if chunk.carried + chunk.size + size > MAX_COMMIT_BYTES:
+            # The record would be too large: commit first, and wait for Kafka
+            # to hold it all.
             await _commit([chunk])
             await _settled(key)  # the next record then carries only what follows
-            chunk = _Chunk(key, store, header_store, chunk.window)
+            chunk = _Chunk(key, store, header_store, chunk.window, carried=_carried(key))
         txn = chunk.window.store
         assert isinstance(txn, Txn)
         for k, v in outcome.writes.items():
@@ -487,7 +492,16 @@ async def _open_chunk(key: bytes, raw: bytes | None, cmd: Command, store: TableS
         await _settled(key)
         await _drop(key, raw, store, header_store)
         window = InflightWindow(cmd.entity, cmd.partition, Txn(store))
-    return _Chunk(key, store, header_store, window)
+    return _Chunk(key, store, header_store, window, carried=_carried(key))
+
+
+def _carried(key: bytes) -> int:
+    """About how much a new commit record of window ``key`` carries before
+    its own commands: what its earlier records committed and Kafka does not
+    hold yet (:meth:`_Chunk.record`). Counted, so that two large commits in
+    a row (the scanner's accepts of a crowded session queue) cannot add up
+    to a record larger than Kafka takes."""
+    return sum(u.size for u in _unsettled.get(key, []))
 
 
 def _size(writes: dict[bytes, bytes | None], outbox: list[dict[str, Any]]) -> int:

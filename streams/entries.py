@@ -267,33 +267,42 @@ class _Chunk:
     object of offset -> :meth:`Entry.encode` fields. An entry is decoded only
     when read, and an unchanged one is written back as it was read, so a
     command that settles one message pays for that one entry, not for the
-    whole chunk (its JSON is parsed and dumped in C)."""
+    whole chunk: the chunk's JSON is put together from each entry's JSON,
+    kept from when it was last written (dumping a chunk of 128 entries took
+    70 µs, and a session's settlement rewrote the ten chunks its messages
+    lie in; joining the kept pieces takes 15)."""
 
-    #: stored chunk -> its parsed fields, for the chunks read last: the next
-    #: command on a window reads back what the one before wrote
-    _parsed: dict[bytes, dict[str, list[object]]] = {}
+    #: stored chunk -> its parsed fields and the JSON of those entries whose
+    #: JSON is known, for the chunks read or written last: the next command
+    #: on a window reads back what the one before wrote
+    _parsed: dict[bytes, tuple[dict[str, list[object]], dict[str, str]]] = {}
     _PARSED_MAX = 512
 
-    def __init__(self, fields: dict[str, list[object]]) -> None:
+    def __init__(self, fields: dict[str, list[object]], pieces: dict[str, str]) -> None:
         self._fields = fields
+        #: offset -> the JSON of its fields, where known
+        self._pieces = pieces
         self._entries: dict[int, Entry] = {}
         self._sorted: list[int] | None = None
 
     @classmethod
     def read(cls, raw: bytes | None) -> _Chunk:
         if not raw:
-            return cls({})
-        parsed = cls._parsed.get(raw)
-        if parsed is None:
-            parsed = json.loads(raw)
-            cls._remember(raw, parsed)
-        return cls(dict(parsed))  # a copy: this one changes, the cached one must not
+            return cls({}, {})
+        cached = cls._parsed.pop(raw, None)  # and back, as the newest
+        if cached is None:
+            cached = (json.loads(raw), {})
+        cls._remember(raw, cached)
+        # copies: this one changes, the cached ones must not
+        return cls(dict(cached[0]), dict(cached[1]))
 
     @classmethod
-    def _remember(cls, raw: bytes, parsed: dict[str, list[object]]) -> None:
-        if len(cls._parsed) >= cls._PARSED_MAX:
-            cls._parsed.clear()
+    def _remember(cls, raw: bytes,
+                  parsed: tuple[dict[str, list[object]], dict[str, str]]) -> None:
+        """Keep the last ``_PARSED_MAX`` chunks seen (the oldest go first)."""
         cls._parsed[raw] = parsed
+        if len(cls._parsed) > cls._PARSED_MAX:
+            del cls._parsed[next(iter(cls._parsed))]
 
     def get(self, offset: int) -> Entry | None:
         """The entry of ``offset``; without its texts if they are apart."""
@@ -318,8 +327,10 @@ class _Chunk:
     def set(self, offset: int, entry: Entry | None, *, apart: bool = False) -> None:
         """Set the entry of ``offset``; ``apart``: its texts are stored
         elsewhere, the chunk marks their place."""
+        key = str(offset)
         if entry is None:
-            self._fields.pop(str(offset), None)
+            self._fields.pop(key, None)
+            self._pieces.pop(key, None)
             self._entries.pop(offset, None)
         else:
             if apart:
@@ -327,7 +338,8 @@ class _Chunk:
                 fields += [None] * (_APART_AT - len(fields)) + [1]
             else:
                 fields = entry.encode()
-            self._fields[str(offset)] = fields
+            self._fields[key] = fields
+            self._pieces[key] = _dumps(fields)
             self._entries[offset] = entry
         self._sorted = None
 
@@ -341,6 +353,14 @@ class _Chunk:
         """The stored form; None when no entry is left (the key is deleted)."""
         if not self._fields:
             return None
-        raw = json.dumps(self._fields, separators=(",", ":")).encode()
-        self._remember(raw, dict(self._fields))
+        pieces = self._pieces
+        for key in self._fields.keys() - pieces.keys():  # read from the store, not written
+            pieces[key] = _dumps(self._fields[key])
+        raw = ("{" + ",".join([f'"{key}":{pieces[key]}' for key in self._fields])
+               + "}").encode()
+        self._remember(raw, (dict(self._fields), dict(pieces)))
         return raw
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
