@@ -106,8 +106,14 @@ on_answered: list[Callable[[Command, dict[str, Any], ErrorCode | None], None]] =
 _throttle = CommandThrottle()
 #: commands and the engine's own operations, one at a time (they share windows)
 _one_at_a_time = asyncio.Lock()
-#: the time of each commands partition, as its log says (streams/log_clock.py)
+#: the time of each commands partition, as its log says (streams/log_clock.py),
+#: up to the records the engine has applied: what the engine's own operations
+#: (lapses, accepts) are judged at. It moves on only once the records read
+#: before it are applied: read ahead, an expiry waiting its turn lapsed a
+#: session at the time of a tick behind settlements of it not yet applied.
 clock = LogClock()
+#: the same, up to the records read: each command's own time as it is read
+_read_clock = LogClock()
 #: called with a commands partition whose time a tick moved on (the lock timer
 #: runs what came due there)
 on_tick: list[Callable[[int], Awaitable[None]]] = []
@@ -174,21 +180,28 @@ async def _forget_recovered(sender: object, /, *_: object, **__: object) -> None
     _drop_waiting()
     _unsettled.clear()  # another worker may have written these windows since
     clock.forget()
+    _read_clock.forget()
     for known in _time_known.values():
         known.clear()
 
 
-def _observe(event: EventT) -> None:
+def _observe(each: LogClock, event: EventT) -> None:
     message = event.message
-    clock.observe(message.partition, round(message.timestamp * 1000), message.timestamp_type)
-    _time_known.setdefault(message.partition, asyncio.Event()).set()
+    each.observe(message.partition, round(message.timestamp * 1000), message.timestamp_type)
+
+
+def _applied(events: Sequence[EventT]) -> None:
+    """``events`` are applied: the engine's clock moves on to them."""
+    for event in events:
+        _observe(clock, event)
+        _time_known.setdefault(event.message.partition, asyncio.Event()).set()
 
 
 async def _handle(events: Sequence[EventT]) -> None:
     runs: list[_Run] = []
     ticked: dict[int, None] = {}
     for event in events:
-        _observe(event)
+        _observe(_read_clock, event)
         partition = event.message.partition
         if event.key == TICK_KEY:
             ticked[partition] = None
@@ -201,10 +214,15 @@ async def _handle(events: Sequence[EventT]) -> None:
             continue
         if cmd is not None:
             runs.append(_Run(cmd, partition, round(event.message.timestamp * 1000),
-                             clock.now(partition)))
+                             _read_clock.now(partition)))
     if runs:
         async with _one_at_a_time:
-            await _execute(runs)
+            try:
+                await _execute(runs)
+            finally:  # a batch that failed is over too: its commands are released
+                _applied(events)
+    else:
+        _applied(events)
     for partition in ticked:
         for sweep in on_tick:
             await sweep(partition)
