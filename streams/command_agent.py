@@ -187,7 +187,8 @@ async def _forget_recovered(sender: object, /, *_: object, **__: object) -> None
 
 def _observe(each: LogClock, event: EventT) -> None:
     message = event.message
-    each.observe(message.partition, round(message.timestamp * 1000), message.timestamp_type)
+    each.observe(message.partition, message.offset, round(message.timestamp * 1000),
+                 message.timestamp_type)
 
 
 def _applied(events: Sequence[EventT]) -> None:

@@ -31,19 +31,29 @@ class LogClock:
     def __init__(self) -> None:
         #: partition -> newest append time read (ms); absent: not known yet
         self._read: dict[int, int] = {}
+        #: partition -> the offset of the last record read
+        self._offset: dict[int, int] = {}
         #: partitions whose records carry their producer's time
         self._wall: set[int] = set()
 
-    def observe(self, partition: int, timestamp_ms: int, timestamp_type: int | None) -> None:
-        """A record of ``partition`` was read: its time moves on to it."""
+    def observe(self, partition: int, offset: int, timestamp_ms: int,
+                timestamp_type: int | None) -> None:
+        """The record at ``offset`` of ``partition`` was read: its time moves on to it."""
         if timestamp_type == LOG_APPEND_TIME:
             self._wall.discard(partition)
-            # max: append times of one partition do not go back, but a new
-            # leader's clock may be a little behind (the design's assumption)
-            self._read[partition] = max(self._read.get(partition, 0), timestamp_ms)
+            if offset <= self._offset.get(partition, -1):
+                # Read again from an earlier offset (a seek back to the
+                # committed offset): the time is that of this record, not of
+                # records after it read before (docs/settlement-by-log.md, 2).
+                self._read[partition] = timestamp_ms
+            else:
+                # max: append times of one partition do not go back, but a
+                # new leader's clock may be a little behind (the clock assumption)
+                self._read[partition] = max(self._read.get(partition, 0), timestamp_ms)
         else:
             self._wall.add(partition)
             self._read.pop(partition, None)
+        self._offset[partition] = offset
 
     def now(self, partition: int) -> int | None:
         """The time of ``partition`` (ms), or None while nothing has been read
@@ -61,4 +71,5 @@ class LogClock:
     def forget(self) -> None:
         """Partitions may have moved (a rebalance): learn them again."""
         self._read.clear()
+        self._offset.clear()
         self._wall.clear()

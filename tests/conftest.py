@@ -76,6 +76,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Iterator[None]:
+    """A failed test's report ends with the log of each engine worker it
+    started under its ``tmp_path``: what the engine did is often the why."""
+    report = yield
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.failed and isinstance(tmp, Path):
+        for worker_log in sorted(tmp.rglob("worker.log")):
+            lines = worker_log.read_text(errors="replace").splitlines()
+            report.sections.append((f"engine worker log {worker_log} (last {_LOG_LINES} lines)",
+                                    "\n".join(lines[-_LOG_LINES:])))
+    return report
+
+
+_LOG_LINES = 300
+
+
 @pytest.fixture(scope="session")
 def broker() -> Iterator[Broker]:
     running: Broker = EmbeddedBroker() if TEST_BROKER == "tansu" else KafkaCluster()
