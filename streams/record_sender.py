@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 #: How long closing waits for the records still on their way (the commit
 #: records carry what they are for again, so one lost at shutdown is redone).
 CLOSE_WAIT_S = 2.0
+#: How long one poll of the delivery reports waits: it returns as soon as a
+#: report comes, so this only bounds how late the thread sees it is closed;
+#: each empty poll wakes the thread (and takes the GIL) for nothing.
+_POLL_S = 0.5
 
 
 class RecordSender:
@@ -89,7 +93,7 @@ class RecordSender:
 
     def _serve_reports(self) -> None:
         while not self._closed.is_set():
-            self._producer.poll(0.05)
+            self._producer.poll(_POLL_S)
             with self._reports_lock:
                 reports, self._reports = self._reports, []
             if reports:
