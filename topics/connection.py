@@ -67,6 +67,8 @@ TLS_PROTOCOLS = frozenset({"SSL", "SASL_SSL"})
 #: librdkafka's ``ssl.ca.location`` for "the system's CAs": it looks in the
 #: usual places, since its bundled OpenSSL may not know this system's
 SYSTEM_CAS = "probe"
+#: how long a Kafka client waits before trying a broker again (librdkafka)
+RECONNECT_BACKOFF_MS = 500
 #: what Kafka clients' log lines say when no broker answers
 _UNREACHABLE = re.compile(
     r"Unable (to )?connect|Unable to update metadata|Connect call failed|Connection refused|"
@@ -188,6 +190,11 @@ class ConnectionSettings:
         own log lines go through :mod:`logging` (logger ``librdkafka``), not
         straight to stderr."""
         return {"bootstrap.servers": self.bootstrap_servers, "logger": _LIBRDKAFKA_LOG,
+                # With every broker away, librdkafka tries the bootstrap broker
+                # again after this delay each time, without growing it: at its
+                # 100 ms default one client spent 1.1 % of a core on it (0.27 %
+                # at 500 ms), and an engine worker has five clients.
+                "reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
                 **self.security}
 
     def consumer_config(self, group_id: str) -> dict[str, object]:
