@@ -38,6 +38,7 @@ if not _conn:
 settings = parse_connection_string(_conn)
 kafka_tuning.apply(settings)
 namespace = settings.namespace
+kafka_tuning.leave_to_intake(names.commands(namespace))  # streams.command_intake reads them
 # Before Faust starts: it would declare missing topics itself, with the
 # broker's default partition count instead of the namespace's spec.
 #: The namespace's engine partitions, its commands topic's partition count

@@ -1,7 +1,7 @@
 """The agent that answers every command: acquire, settle, stats, peek..., and
 runs the engine's own operations (expire, accept, dead_forwarded).
 
-One command record carries a whole batch of offsets, so one Faust event and
+One command record carries a whole batch of offsets, so one record read and
 one small set of writes serve many messages. A command commits in one record:
 the window's header, carrying what the command wrote (its *redo*) and the
 events it produced (its *outbox*). Only once Kafka holds that record is the
@@ -26,9 +26,9 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from faust.types import TP, EventT, StreamT
+from faust.types import TP, StreamT
 
 from streams import sessions
 from streams.app import (
@@ -46,6 +46,7 @@ from streams.app import (
     state_topic,
     window_partition,
 )
+from streams.command_intake import CommandIntake, CommandRecord
 from streams.definitions import Definitions
 from streams.log_clock import LogClock
 from streams.states import Event, Refused
@@ -123,10 +124,8 @@ _time_known: dict[int, asyncio.Event] = {}
 _TIME_WAIT_S = 5.0
 #: most commands run together (group commit)
 MAX_BATCH = 500
-#: commands read and not yet run: the next batch takes all of them, so a
-#: lone command runs at once and a busy engine runs what queued meanwhile
-#: together. Bounded: the agent stops reading while it is full.
-_inbox: asyncio.Queue[EventT] = asyncio.Queue(maxsize=MAX_BATCH)
+#: the engine's reader of the commands partitions it owns
+intake = CommandIntake(settings, commands_topic.get_topic_name(), app.conf.id, MAX_BATCH)
 #: Fault injection for tests: the worker exits (as after ``kill -9``) right
 #: after the commit record of the first command of this operation is
 #: acknowledged, before its writes and events are sent.
@@ -142,39 +141,38 @@ def definitions() -> Definitions:
 
 @app.agent(commands_topic)
 async def process_commands(stream: StreamT) -> None:
-    """Read commands into the inbox, for :func:`run_batches`."""
-    async for event in stream.events():
-        event.message.incref()  # held past the stream's own acknowledgement: see _release
-        await _inbox.put(event)
+    """Only subscribes: this agent makes Faust's group assign the commands
+    partitions (and the tables with them), which the engine then reads
+    itself (:data:`intake`); Faust's consumer hands their records to no
+    stream (:func:`streams.kafka_tuning.leave_to_intake`)."""
+    async for _ in stream.events():
+        log.error("Faust delivered a command, which the engine reads itself: ignored")
 
 
 @app.task
 async def run_batches() -> None:
-    """Run what the inbox holds, in batches (group commit). Faust may commit
-    a command's offset only once its batch ran, so a command is never
-    committed before its commit record is in Kafka."""
+    """Run the commands read, in batches (group commit): a batch takes all
+    that arrived meanwhile, so a lone command runs at once and a busy engine
+    runs what queued meanwhile together. A command's offset is committed
+    only once its batch ran, so never before its commit record is in Kafka."""
     while True:
-        events = [await _inbox.get()]
-        while len(events) < MAX_BATCH and not _inbox.empty():
-            events.append(_inbox.get_nowait())
-        owned = app.consumer.assignment()
+        records = await intake.next_batch()
         try:
-            # a partition revoked meanwhile is its new owner's to run
-            await _handle([e for e in events if e.message.tp in owned])
+            await _handle(records)
         except Exception:  # never let one batch stop the engine
-            log.exception("a batch of %d commands failed", len(events))
-        _release(events)
+            log.exception("a batch of %d commands failed", len(records))
+        intake.applied(records)
 
 
-def _release(events: Sequence[EventT]) -> None:
-    """Let Faust commit the offsets of ``events`` (their last reference)."""
-    for event in events:
-        event.ack()
+@app.task
+async def _commit_applied() -> None:
+    await intake.commit_every()
 
 
 @app.on_rebalance_complete.connect
 async def _forget_recovered(sender: object, /, *_: object, **__: object) -> None:
-    """A window that moved away and back may carry another worker's redo."""
+    """A window that moved away and back may carry another worker's redo.
+    The tables are recovered: the commands partitions may be read."""
     _recovered.clear()
     _written.clear()
     _drop_waiting()
@@ -183,67 +181,87 @@ async def _forget_recovered(sender: object, /, *_: object, **__: object) -> None
     _read_clock.forget()
     for known in _time_known.values():
         known.clear()
+    await intake.assign(_owned())
 
 
-def _observe(each: LogClock, event: EventT) -> None:
-    message = event.message
-    each.observe(message.partition, message.offset, round(message.timestamp * 1000),
-                 message.timestamp_type)
+@app.on_partitions_revoked.connect
+async def _stop_reading(sender: object, /, *args: object, **__: object) -> None:
+    """Partitions given up: their new owner reads on from what was applied."""
+    revoked = cast(set[TP], args[0])
+    topic = commands_topic.get_topic_name()
+    # A batch running now is not waited for (its acknowledgements may wait
+    # for brokers that are away): its commands are not committed, and the
+    # new owner runs them again, as their ids allow.
+    await intake.revoke({tp.partition for tp in revoked if tp.topic == topic})
 
 
-def _applied(events: Sequence[EventT]) -> None:
-    """``events`` are applied: the engine's clock moves on to them."""
-    for event in events:
-        _observe(clock, event)
-        _time_known.setdefault(event.message.partition, asyncio.Event()).set()
+@app.on_before_shutdown.connect
+async def _close_intake(sender: object, /, *_: object, **__: object) -> None:
+    intake.close()
 
 
-async def _handle(events: Sequence[EventT]) -> None:
+def _owned() -> set[int]:
+    """The commands partitions Faust assigned this worker."""
+    topic = commands_topic.get_topic_name()
+    return {tp.partition for tp in app.consumer.assignment() if tp.topic == topic}
+
+
+def _observe(each: LogClock, record: CommandRecord) -> None:
+    each.observe(record.partition, record.offset, record.timestamp_ms, record.log_append_time)
+
+
+def _applied(records: Sequence[CommandRecord]) -> None:
+    """``records`` are applied: the engine's clock moves on to them."""
+    for record in records:
+        _observe(clock, record)
+        _time_known.setdefault(record.partition, asyncio.Event()).set()
+
+
+async def _handle(records: Sequence[CommandRecord]) -> None:
     runs: list[_Run] = []
     ticked: dict[int, None] = {}
-    for event in events:
-        _observe(_read_clock, event)
-        partition = event.message.partition
-        if event.key == TICK_KEY:
+    for record in records:
+        _observe(_read_clock, record)
+        partition = record.partition
+        if record.key == TICK_KEY:
             ticked[partition] = None
             continue
         try:
-            cmd = _admit(event)
+            cmd = _admit(record)
         except Exception:  # one unreadable record must not cost the batch its other commands
             log.exception("could not read the command at partition %d offset %d; skipped",
-                          partition, event.message.offset)
+                          partition, record.offset)
             continue
         if cmd is not None:
-            runs.append(_Run(cmd, partition, round(event.message.timestamp * 1000),
-                             _read_clock.now(partition)))
+            runs.append(_Run(cmd, partition, record.timestamp_ms, _read_clock.now(partition)))
     if runs:
         async with _one_at_a_time:
             try:
                 await _execute(runs)
             finally:  # a batch that failed is over too: its commands are released
-                _applied(events)
+                _applied(records)
     else:
-        _applied(events)
+        _applied(records)
     for partition in ticked:
         for sweep in on_tick:
             await sweep(partition)
 
 
-def _admit(event: EventT) -> Command | None:
-    """The command ``event`` holds, if it is well-formed, routed to its
+def _admit(record: CommandRecord) -> Command | None:
+    """The command ``record`` holds, if it is well-formed, routed to its
     window's partition and within the namespace's limit; else it is
     answered here, and None."""
     try:
-        cmd = decode_command(event.value)
+        cmd = decode_command(record.value or b"")
     except CommandError as exc:
         log.warning("rejected command at partition %d offset %d: %s",
-                    event.message.partition, event.message.offset, exc)
+                    record.partition, record.offset, exc)
         if exc.reply is not None and exc.command_id:
             _answer(exc.reply, Reply(exc.command_id, exc.reply.client, False,
                                      error_code=exc.code, error_message=str(exc)))
         return None
     right = window_partition(cmd.window_key)
-    if event.key != cmd.window_key.encode() or event.message.partition != right:
+    if record.key != cmd.window_key.encode() or record.partition != right:
         _reject(cmd, ErrorCode.MISROUTED,
                 f"command for window {cmd.window_key} must be keyed by it and sent to "
                 f"partition {right}")
@@ -251,7 +269,7 @@ def _admit(event: EventT) -> Command | None:
     if not _admitted(cmd):
         return None
     for hook in on_client_command:
-        hook(cmd, round(event.message.timestamp * 1000))
+        hook(cmd, record.timestamp_ms)
     return cmd
 
 

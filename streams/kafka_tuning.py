@@ -22,6 +22,13 @@ aiokafka's reconnections on every broker.
    Here a broker that refused a connection is tried again after a delay that
    doubles with each failure, up to :data:`RECONNECT_MAX_S` (librdkafka's
    clients do the same), and at once again after a success.
+
+4. The commands partitions. Faust assigns them (its agent on the commands
+   topic makes the group's assignment, and the tables follow it), but the
+   engine reads them itself (:mod:`streams.command_intake`):
+   :func:`leave_to_intake` keeps them out of the partitions Faust's consumer
+   hands to its streams, which it would otherwise resume after every
+   rebalance.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from typing import Any
 
 from aiokafka import client as aiokafka_client
 from confluent_kafka import Consumer
+from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
@@ -70,6 +78,28 @@ def apply(settings: ConnectionSettings) -> None:
         overrides["_highwaters"] = _highwaters
     for name, override in overrides.items():
         setattr(thread_cls, name, override)
+
+
+def leave_to_intake(topic: str) -> None:
+    """Faust's consumer never takes records of ``topic`` for its streams.
+    (aiokafka fetches each of its partitions once after an assignment, and
+    keeps what it got unread: it fetches a partition again only once its
+    records were taken.)"""
+    cls = faust_consumer.Consumer
+    set_active = cls._set_active_tps
+    resume = cls.resume_partitions
+
+    def _set_active_tps(self: Any, tps: Any) -> Any:
+        active = set_active(self, tps)
+        active.difference_update([tp for tp in active if tp.topic == topic])
+        return active
+
+    def resume_partitions(self: Any, tps: Any) -> None:
+        resume(self, [tp for tp in tps if tp.topic != topic])
+
+    # with setattr: a plain assignment to a method is a slip mypy stops
+    setattr(cls, "_set_active_tps", _set_active_tps)  # noqa: B010
+    setattr(cls, "resume_partitions", resume_partitions)  # noqa: B010
 
 
 def _true_highwaters(settings: ConnectionSettings, partitions: list[TP]) -> dict[TP, int]:

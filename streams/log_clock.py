@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import time
 
-#: aiokafka's (and Kafka's) timestamp type of a record stamped by the broker
-LOG_APPEND_TIME = 1
-
 
 class LogClock:
     """The time of each commands partition the engine reads."""
@@ -37,9 +34,10 @@ class LogClock:
         self._wall: set[int] = set()
 
     def observe(self, partition: int, offset: int, timestamp_ms: int,
-                timestamp_type: int | None) -> None:
-        """The record at ``offset`` of ``partition`` was read: its time moves on to it."""
-        if timestamp_type == LOG_APPEND_TIME:
+                log_append_time: bool) -> None:
+        """The record at ``offset`` of ``partition`` was read
+        (``log_append_time``: stamped by the broker): its time moves on to it."""
+        if log_append_time:
             self._wall.discard(partition)
             if offset <= self._offset.get(partition, -1):
                 # Read again from an earlier offset (a seek back to the

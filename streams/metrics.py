@@ -41,7 +41,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from streams import command_agent
-from streams.app import app, commands_topic, headers
+from streams.app import app, headers
 from streams.window import InflightWindow
 from topics.commands import Command, SettleArgs
 from topics.errors import ErrorCode
@@ -175,14 +175,6 @@ async def _engine_view() -> list[Metric]:
         locks.add_metric([entity], counts["locked"])
         for state in MESSAGE_STATES:
             messages.add_metric([entity, state], counts[state])
-    topic = commands_topic.get_topic_name()
-    for tp in sorted(app.consumer.assignment()):
-        end = app.consumer.highwater(tp) if tp.topic == topic else None
-        if end is None:  # another topic, or not fetched from yet
-            continue
-        done: int | None = app.monitor.tp_committed_offsets.get(tp)
-        if done is None:  # nothing committed since this worker got it: where it reads
-            done = await app.consumer.position(tp)
-        if done is not None:
-            lag.add_metric([str(tp.partition)], max(0, end - done))
+    for partition, behind in sorted((await command_agent.intake.lag()).items()):
+        lag.add_metric([str(partition)], behind)
     return [windows, locks, messages, lag]

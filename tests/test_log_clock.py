@@ -3,9 +3,10 @@ newest append time read, up to the record it is at."""
 
 from __future__ import annotations
 
-from streams.log_clock import LOG_APPEND_TIME, LogClock
+from streams.log_clock import LogClock
 
-CREATE_TIME = 0
+#: stamped by the broker (LogAppendTime), or by the producer
+LOG_APPEND_TIME, CREATE_TIME = True, False
 
 
 def test_a_partitions_time_is_the_newest_append_time_read() -> None:

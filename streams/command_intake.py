@@ -1,0 +1,346 @@
+"""The engine reads its commands with librdkafka, not through Faust's stream.
+
+Faust delivered each command through aiokafka (in a thread of its own), then
+its consumer's dispatch and a stream, one event at a time. Measured under the
+load of eight threads settling one message at a time (issue 24), a command
+took 26 ms (p50) from its append to the engine, while a librdkafka consumer of
+the same partitions, in the same minute, read it 1.1 ms after its append; an
+acquire waited for that hop, and the hop cost the engine about a fifth of its
+time.
+
+Faust keeps what it does well: the group membership that decides which worker
+owns which engine partitions, the tables and their recovery, the timers. This
+consumer is only ever *assigned* the commands partitions Faust gave this
+worker, once their tables are recovered (``on_rebalance_complete``), from
+where this worker's group (``NS.engine-commands``) committed them, and it
+commits an offset only once the commands before it were applied (their
+commit records are in Kafka), as Faust did: a crash loses nothing, and the
+commands after the last commit run again, which their ids make harmless.
+Faust's own consumer leaves the commands partitions alone
+(:func:`streams.kafka_tuning.leave_to_intake`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+
+from topics.connection import ConnectionSettings
+from topics.offsets import position_of, take
+
+log = logging.getLogger(__name__)
+#: the consumer group whose offsets say where the engine's commands are applied up to
+GROUP = "engine-commands"
+#: how often the applied offsets are committed (Faust's broker_commit_interval)
+COMMIT_INTERVAL_S = 1.0
+#: how long a rebalance waits for the committed offsets of a worker's partitions
+_OFFSETS_TIMEOUT_S = 30.0
+#: how long a read waits for a first record: how late a job of the event loop runs at most
+_READ_WAIT_S = 0.05
+#: how long shutdown waits for the last commit
+_CLOSE_WAIT_S = 5.0
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRecord:
+    """A record of the commands topic, as the engine reads it."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+    #: stamped by the broker when appended (``LogAppendTime``), not by its producer
+    log_append_time: bool
+
+
+class CommandIntake:
+    """Reads the commands partitions this worker owns, in batches.
+
+    Every call on the consumer is made by its reader thread, between two
+    reads (a commit made from another thread while it read waited for
+    seconds, or for ever): the event loop hands it jobs (:meth:`_in_reader`).
+    The assignment therefore changes only between two reads, each read is
+    tagged with the assignment it was made under, and records read under an
+    earlier one are dropped, to be read again from where they were.
+    """
+
+    def __init__(self, settings: ConnectionSettings, topic: str, faust_group: str,
+                 max_batch: int) -> None:
+        self._settings = settings
+        self._topic = topic
+        #: where the commands were applied up to before this consumer group
+        #: existed (a worker upgraded in place): Faust's own group
+        self._faust_group = faust_group
+        self._max_batch = max_batch
+        self._consumer = Consumer(settings.consumer_config(GROUP))
+        #: partition -> the next offset to hand out (records before it are repeats)
+        self._next: dict[int, int] = {}
+        #: partition -> the offset after the last applied command, not yet committed
+        self._applied: dict[int, int] = {}
+        #: partition -> the offset after the last applied command (for the lag)
+        self._done: dict[int, int] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: what the reader read, with the assignment it was read under
+        self._batches: asyncio.Queue[tuple[int, list[CommandRecord]]] = asyncio.Queue(maxsize=4)
+        #: the number of the consumer's assignment, changed by the reader only
+        self._generation = 0
+        #: how many assignments were asked for (a later one ends an earlier one's retries)
+        self._assignments = 0
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = \
+            queue.SimpleQueue()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="engine-commands", daemon=True)
+
+    # ----------------------------------------------------------- the event loop's side
+    async def next_batch(self) -> list[CommandRecord]:
+        """The next records of the partitions this worker owns, in order per
+        partition, at most ``max_batch``: all that arrived meanwhile."""
+        self._start()
+        while True:
+            got = self._fresh(*await self._batches.get())
+            while len(got) < self._max_batch and not self._batches.empty():
+                got += self._fresh(*self._batches.get_nowait())
+            if got:
+                return got
+
+    def _fresh(self, generation: int, records: list[CommandRecord]) -> list[CommandRecord]:
+        """``records`` read under the current assignment and not handed out yet."""
+        if generation != self._generation:
+            return []
+        fresh = []
+        for record in records:
+            expected = self._next.get(record.partition)
+            if expected is not None and record.offset >= expected:
+                self._next[record.partition] = record.offset + 1
+                fresh.append(record)
+        return fresh
+
+    def applied(self, records: list[CommandRecord]) -> None:
+        """``records`` ran: their offsets may be committed."""
+        for record in records:
+            if record.partition in self._next:
+                done = max(self._done.get(record.partition, 0), record.offset + 1)
+                self._applied[record.partition] = self._done[record.partition] = done
+
+    async def lag(self) -> dict[int, int]:
+        """Per commands partition read: the commands appended and not applied
+        yet (as far as the consumer knows the partition's end; a partition
+        read from its beginning counts from offset 0 until a command ran)."""
+        done = dict(self._done)
+
+        def ends() -> dict[int, int]:
+            return {p: self._consumer.get_watermark_offsets(
+                TopicPartition(self._topic, p), cached=True)[1] for p in done}
+
+        return {p: max(0, end - done[p]) for p, end in (await self._in_reader(ends)).items()
+                if end >= 0}
+
+    async def assign(self, partitions: set[int]) -> None:
+        """Read exactly ``partitions`` from now on: those kept go on where
+        they are, new ones start where their commands were applied up to.
+        Asked again while the broker cannot say where (every second, until a
+        later assignment replaces this one)."""
+        self._assignments += 1
+        this = self._assignments
+        new = sorted(partitions - set(self._next))
+        while True:
+            try:
+                starts = await self._in_reader(lambda: self._committed(new)) if new else {}
+                break
+            except KafkaException as exc:
+                log.warning("cannot read where commands partitions %s were applied up to (%s); "
+                            "asking again in a second", new, exc)
+                await asyncio.sleep(1.0)
+                if this != self._assignments:
+                    return
+        for partition in set(self._next) - partitions:
+            del self._next[partition]
+            self._done.pop(partition, None)
+        self._next.update(starts)
+        self._done.update({p: max(0, o) for p, o in starts.items()})
+        positions = [TopicPartition(self._topic, p, o) for p, o in self._next.items()]
+        await self._in_reader(lambda: self._reassign(positions))
+        if new:
+            log.info("reading commands partitions %s from offsets %s", new,
+                     [starts[p] for p in new])
+
+    async def revoke(self, partitions: set[int]) -> None:
+        """Stop reading ``partitions`` and commit how far they were applied:
+        their new owner goes on from there (or, if the commit does not get
+        through in time, runs the last commands again)."""
+        gone = partitions & set(self._next)
+        if not gone:
+            return
+        await self.assign(set(self._next) - gone)
+        offsets = self._to_commit(gone)
+        if not offsets:
+            return
+        try:
+            await asyncio.wait_for(
+                asyncio.shield(self._in_reader(lambda: self._commit(offsets, wait=True))),
+                _CLOSE_WAIT_S)
+        except TimeoutError:
+            log.warning("could not commit the applied offsets of commands partitions %s in "
+                        "time; their next owner runs their last commands again", sorted(gone))
+
+    async def commit_every(self, interval: float = COMMIT_INTERVAL_S) -> None:
+        """Commit the applied offsets every ``interval`` seconds, for ever."""
+        while True:
+            await asyncio.sleep(interval)
+            if offsets := self._to_commit():
+                self._start()
+                self._jobs.put((functools.partial(self._commit, offsets, wait=False),
+                                Future()))
+
+    def close(self) -> None:
+        """Commit what was applied, and stop reading."""
+        offsets = self._to_commit()
+        if self._thread.is_alive():
+            done: Future[Any] = Future()
+            self._jobs.put((functools.partial(self._commit, offsets, wait=True), done))
+            self._closed.set()
+            try:
+                done.result(timeout=_CLOSE_WAIT_S)
+            except TimeoutError:
+                log.warning("the applied commands offsets were not committed at shutdown; "
+                            "the commands after the last commit run again at the next start")
+            self._thread.join(timeout=_CLOSE_WAIT_S)
+        self._consumer.close()
+
+    def _to_commit(self, partitions: set[int] | None = None) -> list[TopicPartition]:
+        """The applied offsets not committed yet (of ``partitions``; None: all)."""
+        chosen = [p for p in self._applied if partitions is None or p in partitions]
+        return [TopicPartition(self._topic, p, self._applied.pop(p)) for p in chosen]
+
+    def _start(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._thread.start()
+
+    async def _in_reader(self, job: Callable[[], T]) -> T:
+        """Run ``job`` on the reader thread, between two reads."""
+        self._start()
+        done: Future[T] = Future()
+        self._jobs.put((job, done))
+        return await asyncio.wrap_future(done)
+
+    # --------------------------------------------------- the reader thread's side
+    def _committed(self, partitions: list[int]) -> dict[int, int]:
+        """Where each of ``partitions`` was applied up to: this group's
+        committed offset, else Faust's (which read the commands before),
+        else the beginning."""
+        tps = [TopicPartition(self._topic, p) for p in partitions]
+        mine = {tp.partition: tp.offset
+                for tp in self._consumer.committed(tps, timeout=_OFFSETS_TIMEOUT_S)}
+        missing = [p for p, o in mine.items() if o < 0]
+        earlier = self._faust_committed(missing) if missing else {}
+        return {p: o if o >= 0 else earlier.get(p, OFFSET_BEGINNING) for p, o in mine.items()}
+
+    def _faust_committed(self, partitions: list[int]) -> dict[int, int]:
+        request = ConsumerGroupTopicPartitions(
+            self._faust_group, [TopicPartition(self._topic, p) for p in partitions])
+        admin = AdminClient(self._settings.kafka_config())
+        try:
+            listed = admin.list_consumer_group_offsets([request])[self._faust_group].result(
+                timeout=_OFFSETS_TIMEOUT_S)
+        except KafkaException as exc:
+            log.info("no offsets of group %s (%s): reading the commands from the beginning",
+                     self._faust_group, exc)
+            return {}
+        return {tp.partition: tp.offset for tp in listed.topic_partitions if tp.offset >= 0}
+
+    def _reassign(self, positions: list[TopicPartition]) -> None:
+        """Assign ``positions``: what was read before is read again."""
+        self._consumer.assign(positions)
+        self._generation += 1
+
+    def _commit(self, offsets: list[TopicPartition], *, wait: bool) -> None:
+        """Commit ``offsets``; with ``wait``, only return once the broker has them."""
+        try:
+            if wait:
+                self._consumer.commit(offsets=offsets, asynchronous=False)
+            else:
+                self._consumer.commit(offsets=offsets, asynchronous=True)
+        except KafkaException as exc:
+            # The commands after the last commit run again after a restart:
+            # repeats, which their command ids make harmless.
+            log.warning("could not commit the applied commands offsets %s (%s); the next "
+                        "commit carries them", offsets, exc)
+
+    def _run_jobs(self) -> None:
+        while True:
+            try:
+                job, done = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done.set_result(job())
+            except Exception as exc:  # noqa: BLE001 (handed to whoever waits for it)
+                done.set_exception(exc)
+
+    def _read(self) -> None:
+        """Hand what the consumer read to the event loop, as it comes; wait
+        while the loop has enough queued (backpressure)."""
+        loop = self._loop
+        assert loop is not None
+        while True:
+            self._run_jobs()
+            if self._closed.is_set():
+                return
+            generation = self._generation
+            try:
+                messages = take(self._consumer, self._max_batch, _READ_WAIT_S)
+            except KafkaException as exc:  # a broker fault
+                log.warning("reading the commands failed (%s); reading again", exc)
+                continue
+            records = []
+            for message in messages:
+                if message.error() is not None:
+                    log.warning("commands partition error: %s", message.error())
+                    continue
+                partition, offset = position_of(message)
+                kind, stamp = message.timestamp()
+                records.append(CommandRecord(partition, offset, message.key(), message.value(),
+                                             stamp, kind == TIMESTAMP_LOG_APPEND_TIME))
+            if records and not self._hand_over(loop, generation, records):
+                return
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop, generation: int,
+                   records: list[CommandRecord]) -> bool:
+        """Queue ``records`` for the event loop, waiting while its queue is
+        full (running its jobs meanwhile: a rebalance must not wait for a
+        busy engine); False once the loop is closed."""
+        try:
+            queued = asyncio.run_coroutine_threadsafe(self._batches.put((generation, records)),
+                                                      loop)
+        except RuntimeError:  # the loop closed: nobody reads any more
+            return False
+        while True:
+            try:
+                queued.result(timeout=_READ_WAIT_S)
+                return True
+            except TimeoutError:
+                self._run_jobs()
+                if self._closed.is_set():
+                    queued.cancel()
+                    return False
