@@ -12,9 +12,10 @@ Faust keeps what it does well: the group membership that decides which worker
 owns which engine partitions, the tables and their recovery, the timers. This
 consumer is only ever *assigned* the commands partitions Faust gave this
 worker, once their tables are recovered (``on_rebalance_complete``), from
-where this worker's group (``NS.engine-commands``) committed them, and it
-commits an offset only once the commands before it were applied (their
-commit records are in Kafka), as Faust did: a crash loses nothing, and the
+where Faust's group committed them (through Faust's own consumer, a member
+of that group: :class:`GroupOffsets`), and an offset is committed there only
+once the commands before it were applied (their commit records are in
+Kafka), as Faust did: a crash loses nothing, and the
 commands after the last commit run again, which their ids make harmless.
 Faust's own consumer leaves the commands partitions alone
 (:func:`streams.kafka_tuning.leave_to_intake`).
@@ -23,31 +24,28 @@ Faust's own consumer leaves the commands partitions alone
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
     TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
-    ConsumerGroupTopicPartitions,
     KafkaException,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient
 
 from topics.connection import ConnectionSettings
 from topics.offsets import position_of, take
 
 log = logging.getLogger(__name__)
-#: the consumer group whose offsets say where the engine's commands are applied up to
-GROUP = "engine-commands"
+#: the name of the reader's consumer (only ever assigned: it commits nothing)
+READER = "engine-commands"
 #: how often the applied offsets are committed (Faust's broker_commit_interval)
 COMMIT_INTERVAL_S = 1.0
 #: how long a rebalance waits for the committed offsets of a worker's partitions
@@ -58,6 +56,17 @@ _READ_WAIT_S = 0.05
 _CLOSE_WAIT_S = 5.0
 
 T = TypeVar("T")
+
+
+class GroupOffsets(Protocol):
+    """Where the consumer group that owns the commands partitions (Faust's)
+    keeps how far each was applied."""
+
+    async def committed(self, partitions: list[int]) -> dict[int, int]:
+        """The committed offset of each of ``partitions`` (negative: none)."""
+
+    async def commit(self, offsets: dict[int, int]) -> None:
+        """Commit ``offsets`` (partition -> the next offset to apply)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,15 +93,13 @@ class CommandIntake:
     earlier one are dropped, to be read again from where they were.
     """
 
-    def __init__(self, settings: ConnectionSettings, topic: str, faust_group: str,
+    def __init__(self, settings: ConnectionSettings, topic: str, offsets: GroupOffsets,
                  max_batch: int) -> None:
-        self._settings = settings
         self._topic = topic
-        #: where the commands were applied up to before this consumer group
-        #: existed (a worker upgraded in place): Faust's own group
-        self._faust_group = faust_group
+        #: where the group that owns the partitions keeps how far they were applied
+        self._offsets = offsets
         self._max_batch = max_batch
-        self._consumer = Consumer(settings.consumer_config(GROUP))
+        self._consumer = Consumer(settings.consumer_config(READER))
         #: partition -> the next offset to hand out (records before it are repeats)
         self._next: dict[int, int] = {}
         #: partition -> the offset after the last applied command, not yet committed
@@ -165,7 +172,8 @@ class CommandIntake:
         new = sorted(partitions - set(self._next))
         while True:
             try:
-                starts = await self._in_reader(lambda: self._committed(new)) if new else {}
+                committed = await self._offsets.committed(new) if new else {}
+                starts = {p: o if o >= 0 else OFFSET_BEGINNING for p, o in committed.items()}
                 break
             except KafkaException as exc:
                 log.warning("cannot read where commands partitions %s were applied up to (%s); "
@@ -196,10 +204,8 @@ class CommandIntake:
         if not offsets:
             return
         try:
-            await asyncio.wait_for(
-                asyncio.shield(self._in_reader(lambda: self._commit(offsets, wait=True))),
-                _CLOSE_WAIT_S)
-        except TimeoutError:
+            await asyncio.wait_for(self._offsets.commit(offsets), _CLOSE_WAIT_S)
+        except (TimeoutError, KafkaException):
             log.warning("could not commit the applied offsets of commands partitions %s in "
                         "time; their next owner runs their last commands again", sorted(gone))
 
@@ -208,29 +214,26 @@ class CommandIntake:
         while True:
             await asyncio.sleep(interval)
             if offsets := self._to_commit():
-                self._start()
-                self._jobs.put((functools.partial(self._commit, offsets, wait=False),
-                                Future()))
+                try:
+                    await self._offsets.commit(offsets)
+                except KafkaException as exc:
+                    # The commands after the last commit run again after a
+                    # restart: repeats, which their command ids make harmless.
+                    log.warning("could not commit the applied commands offsets %s (%s)",
+                                offsets, exc)
 
     def close(self) -> None:
-        """Commit what was applied, and stop reading."""
-        offsets = self._to_commit()
+        """Stop reading. (What was applied since the last commit runs again
+        at the next start: Faust's consumer has left the group by now.)"""
         if self._thread.is_alive():
-            done: Future[Any] = Future()
-            self._jobs.put((functools.partial(self._commit, offsets, wait=True), done))
             self._closed.set()
-            try:
-                done.result(timeout=_CLOSE_WAIT_S)
-            except TimeoutError:
-                log.warning("the applied commands offsets were not committed at shutdown; "
-                            "the commands after the last commit run again at the next start")
             self._thread.join(timeout=_CLOSE_WAIT_S)
         self._consumer.close()
 
-    def _to_commit(self, partitions: set[int] | None = None) -> list[TopicPartition]:
+    def _to_commit(self, partitions: set[int] | None = None) -> dict[int, int]:
         """The applied offsets not committed yet (of ``partitions``; None: all)."""
         chosen = [p for p in self._applied if partitions is None or p in partitions]
-        return [TopicPartition(self._topic, p, self._applied.pop(p)) for p in chosen]
+        return {p: self._applied.pop(p) for p in chosen}
 
     def _start(self) -> None:
         if self._loop is None:
@@ -245,47 +248,10 @@ class CommandIntake:
         return await asyncio.wrap_future(done)
 
     # --------------------------------------------------- the reader thread's side
-    def _committed(self, partitions: list[int]) -> dict[int, int]:
-        """Where each of ``partitions`` was applied up to: this group's
-        committed offset, else Faust's (which read the commands before),
-        else the beginning."""
-        tps = [TopicPartition(self._topic, p) for p in partitions]
-        mine = {tp.partition: tp.offset
-                for tp in self._consumer.committed(tps, timeout=_OFFSETS_TIMEOUT_S)}
-        missing = [p for p, o in mine.items() if o < 0]
-        earlier = self._faust_committed(missing) if missing else {}
-        return {p: o if o >= 0 else earlier.get(p, OFFSET_BEGINNING) for p, o in mine.items()}
-
-    def _faust_committed(self, partitions: list[int]) -> dict[int, int]:
-        request = ConsumerGroupTopicPartitions(
-            self._faust_group, [TopicPartition(self._topic, p) for p in partitions])
-        admin = AdminClient(self._settings.kafka_config())
-        try:
-            listed = admin.list_consumer_group_offsets([request])[self._faust_group].result(
-                timeout=_OFFSETS_TIMEOUT_S)
-        except KafkaException as exc:
-            log.info("no offsets of group %s (%s): reading the commands from the beginning",
-                     self._faust_group, exc)
-            return {}
-        return {tp.partition: tp.offset for tp in listed.topic_partitions if tp.offset >= 0}
-
     def _reassign(self, positions: list[TopicPartition]) -> None:
         """Assign ``positions``: what was read before is read again."""
         self._consumer.assign(positions)
         self._generation += 1
-
-    def _commit(self, offsets: list[TopicPartition], *, wait: bool) -> None:
-        """Commit ``offsets``; with ``wait``, only return once the broker has them."""
-        try:
-            if wait:
-                self._consumer.commit(offsets=offsets, asynchronous=False)
-            else:
-                self._consumer.commit(offsets=offsets, asynchronous=True)
-        except KafkaException as exc:
-            # The commands after the last commit run again after a restart:
-            # repeats, which their command ids make harmless.
-            log.warning("could not commit the applied commands offsets %s (%s); the next "
-                        "commit carries them", offsets, exc)
 
     def _run_jobs(self) -> None:
         while True:
