@@ -125,6 +125,8 @@ _time_known: dict[int, asyncio.Event] = {}
 _TIME_WAIT_S = 5.0
 #: most commands run together (group commit)
 MAX_BATCH = 500
+
+
 class _FaustGroupOffsets:
     """The commands partitions' offsets in Faust's group, through its own
     consumer, a member of that group (the intake's consumer then never

@@ -48,8 +48,6 @@ log = logging.getLogger(__name__)
 READER = "engine-commands"
 #: how often the applied offsets are committed (Faust's broker_commit_interval)
 COMMIT_INTERVAL_S = 1.0
-#: how long a rebalance waits for the committed offsets of a worker's partitions
-_OFFSETS_TIMEOUT_S = 30.0
 #: how long a read waits for a first record (it returns as soon as one comes):
 #: how late a job of the event loop (an assignment, the lag) runs at most.
 #: Each empty read wakes the thread and takes the GIL: at 0.05 s, the engine
@@ -231,6 +229,10 @@ class CommandIntake:
         if self._thread.is_alive():
             self._closed.set()
             self._thread.join(timeout=_CLOSE_WAIT_S)
+        if self._thread.is_alive():  # every consumer call is the reader's (see the class)
+            log.warning("the commands reader did not stop within %.0f s; its consumer is left "
+                        "to the process's exit", _CLOSE_WAIT_S)
+            return
         self._consumer.close()
 
     def _to_commit(self, partitions: set[int] | None = None) -> dict[int, int]:
