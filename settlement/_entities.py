@@ -77,7 +77,7 @@ class EntityRegistry:
             # new receiver (a session receiver per session) would pay.
             if self._consumer is None:
                 self._consumer = Consumer(self._settings.consumer_config(
-                    f"entities-{uuid.uuid4().hex[:12]}"))
+                    f"entities-{uuid.uuid4().hex[:12]}", to_known_end=True))
             end = self._log_end(self._consumer)
             if end < self._position:  # the topic was made again: read it anew
                 self._read_so_far, self._position = {}, 0

@@ -32,13 +32,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    TIMESTAMP_LOG_APPEND_TIME,
-    Consumer,
-    KafkaException,
-    TopicPartition,
-)
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaException, TopicPartition
 
 from topics.connection import ConnectionSettings
 from topics.offsets import position_of, take
@@ -49,10 +43,15 @@ READER = "engine-commands"
 #: how often the applied offsets are committed (Faust's broker_commit_interval)
 COMMIT_INTERVAL_S = 1.0
 #: how long a read waits for a first record (it returns as soon as one comes):
-#: how late a job of the event loop (an assignment, the lag) runs at most.
-#: Each empty read wakes the thread and takes the GIL: at 0.05 s, the engine
-#: spent 5.0-5.1% of a core waiting for brokers that were away.
-_READ_WAIT_S = 0.5
+#: how late a job of the event loop (an assignment, the lag) and shutdown
+#: (it waits for the read) run at most. Each empty read wakes the thread
+#: and takes the GIL: at 0.05 s, the engine spent 5.0-5.1% of a core waiting
+#: for brokers that were away; confluent-kafka wakes every 0.2 s within a
+#: poll anyway (to look for signals), so waiting longer saves little.
+_READ_WAIT_S = 0.2
+#: how long an assignment waits for the commands topic's leaders (else
+#: librdkafka finds them within a second)
+_METADATA_WAIT_S = 2.0
 #: how long shutdown waits for the last commit
 _CLOSE_WAIT_S = 5.0
 
@@ -112,6 +111,8 @@ class CommandIntake:
         self._batches: asyncio.Queue[tuple[int, list[CommandRecord]]] = asyncio.Queue(maxsize=4)
         #: the number of the consumer's assignment, changed by the reader only
         self._generation = 0
+        #: whether the consumer has partitions to read (else the reader waits for jobs)
+        self._reading = False
         #: how many assignments were asked for (a later one ends an earlier one's retries)
         self._assignments = 0
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = \
@@ -174,7 +175,10 @@ class CommandIntake:
         while True:
             try:
                 committed = await self._offsets.committed(new) if new else {}
-                starts = {p: o if o >= 0 else OFFSET_BEGINNING for p, o in committed.items()}
+                # Never applied: from offset 0 (auto.offset.reset takes a
+                # trimmed partition to its log start), not OFFSET_BEGINNING,
+                # which librdkafka first resolves with a request of its own.
+                starts = {p: max(0, o) for p, o in committed.items()}
                 break
             except KafkaException as exc:
                 log.warning("cannot read where commands partitions %s were applied up to (%s); "
@@ -186,7 +190,7 @@ class CommandIntake:
             del self._next[partition]
             self._done.pop(partition, None)
         self._next.update(starts)
-        self._done.update({p: max(0, o) for p, o in starts.items()})
+        self._done.update(starts)
         positions = [TopicPartition(self._topic, p, o) for p, o in self._next.items()]
         await self._in_reader(lambda: self._reassign(positions))
         if new:
@@ -228,6 +232,7 @@ class CommandIntake:
         at the next start: Faust's consumer has left the group by now.)"""
         if self._thread.is_alive():
             self._closed.set()
+            self._jobs.put((lambda: None, Future()))  # wakes a reader waiting for jobs
             self._thread.join(timeout=_CLOSE_WAIT_S)
         if self._thread.is_alive():  # every consumer call is the reader's (see the class)
             log.warning("the commands reader did not stop within %.0f s; its consumer is left "
@@ -257,13 +262,25 @@ class CommandIntake:
         """Assign ``positions``: what was read before is read again."""
         self._consumer.assign(positions)
         self._generation += 1
+        self._reading = bool(positions)
+        if positions:
+            # librdkafka looks up the leaders of a topic new to a consumer
+            # that has been idle on its once-a-second topic scan: the first
+            # fetch of an engine that just started waited 0.5 s for it.
+            # Asking for the topic's metadata now starts the fetch at once.
+            try:
+                self._consumer.list_topics(self._topic, timeout=_METADATA_WAIT_S)
+            except KafkaException:
+                pass  # brokers away: the scan finds the leaders when they are back
 
-    def _run_jobs(self) -> None:
+    def _run_jobs(self, wait: float = 0.0) -> None:
+        """Run the jobs queued, after waiting up to ``wait`` for a first."""
         while True:
             try:
-                job, done = self._jobs.get_nowait()
+                job, done = self._jobs.get(timeout=wait) if wait else self._jobs.get_nowait()
             except queue.Empty:
                 return
+            wait = 0.0
             try:
                 done.set_result(job())
             except Exception as exc:  # noqa: BLE001 (handed to whoever waits for it)
@@ -275,9 +292,13 @@ class CommandIntake:
         loop = self._loop
         assert loop is not None
         while True:
-            self._run_jobs()
+            # With nothing to read, a job (the first assignment) runs at
+            # once rather than after an empty read of _READ_WAIT_S.
+            self._run_jobs(wait=0.0 if self._reading else _READ_WAIT_S)
             if self._closed.is_set():
                 return
+            if not self._reading:
+                continue
             generation = self._generation
             try:
                 messages = take(self._consumer, self._max_batch, _READ_WAIT_S)

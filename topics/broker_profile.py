@@ -36,8 +36,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 #: How long a consumer may wait for data on a broker that wakes waiting fetches.
 _WAKING_FETCH_WAIT_MS = 500
-#: ... and on one that parks every fetch for the whole wait (Tansu).
-_PARKED_FETCH_WAIT_MS = 10
+#: ... and on one that parks every fetch for the whole wait (Tansu); also
+#: the wait of a consumer that never waits for new records.
+SHORT_FETCH_WAIT_MS = 10
 _DETECT_TIMEOUT_S = 5.0
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class BrokerProfile:
     @property
     def fetch_max_wait_ms(self) -> int:
         """How long a fetch may wait for data without adding latency."""
-        return _WAKING_FETCH_WAIT_MS if self.wakes_waiting_fetches else _PARKED_FETCH_WAIT_MS
+        return _WAKING_FETCH_WAIT_MS if self.wakes_waiting_fetches else SHORT_FETCH_WAIT_MS
 
     @property
     def replication_factor(self) -> int:

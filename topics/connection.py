@@ -39,7 +39,7 @@ import re
 import ssl
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -67,8 +67,6 @@ TLS_PROTOCOLS = frozenset({"SSL", "SASL_SSL"})
 #: librdkafka's ``ssl.ca.location`` for "the system's CAs": it looks in the
 #: usual places, since its bundled OpenSSL may not know this system's
 SYSTEM_CAS = "probe"
-#: how long a Kafka client waits before trying a broker again (librdkafka)
-RECONNECT_BACKOFF_MS = 500
 #: what Kafka clients' log lines say when no broker answers
 _UNREACHABLE = re.compile(
     r"Unable (to )?connect|Unable to update metadata|Connect call failed|Connection refused|"
@@ -140,6 +138,9 @@ class ConnectionSettings:
     security: dict[str, str] = field(default_factory=dict)
     #: the entity an entity-level connection string names (``EntityPath``)
     entity_path: str | None = None
+    #: how long a Kafka client waits before trying a broker again; None:
+    #: librdkafka's 100 ms (see :meth:`kafka_config`)
+    reconnect_backoff_ms: int | None = None
 
     @property
     def tls(self) -> bool:
@@ -183,31 +184,46 @@ class ConnectionSettings:
     @cached_property
     def profile(self) -> broker_profile.BrokerProfile:
         """What the broker can do, asked once (per process and bootstrap list)."""
-        return broker_profile.detect({**self.kafka_config(), "log_level": 0})
+        # asked once, by a client that connects at once (see kafka_config)
+        return broker_profile.detect({**replace(self, reconnect_backoff_ms=None).kafka_config(),
+                                      "log_level": 0})
 
     def kafka_config(self) -> dict[str, Any]:
         """librdkafka settings every client of this namespace starts from. Its
         own log lines go through :mod:`logging` (logger ``librdkafka``), not
         straight to stderr."""
-        return {"bootstrap.servers": self.bootstrap_servers, "logger": _LIBRDKAFKA_LOG,
-                # With every broker away, librdkafka tries the bootstrap broker
-                # again after this delay each time, without growing it: at its
-                # 100 ms default one client spent 1.1 % of a core on it (0.27 %
-                # at 500 ms), and an engine worker has five clients.
-                "reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
-                **self.security}
+        config = {"bootstrap.servers": self.bootstrap_servers, "logger": _LIBRDKAFKA_LOG,
+                  **self.security}
+        if self.reconnect_backoff_ms is not None:
+            # With every broker away, librdkafka tries the bootstrap broker
+            # again after this delay each time, without growing it (at the
+            # 100 ms default one client spent 1.1 % of a core on it, 0.27 %
+            # at 500 ms). But a new client's first connection to a broker
+            # named by the metadata also waits half of it (librdkafka 2.16):
+            # only long-lived processes can afford more than the default.
+            config["reconnect.backoff.ms"] = self.reconnect_backoff_ms
+        return config
 
-    def consumer_config(self, group_id: str) -> dict[str, object]:
+    def consumer_config(self, group_id: str, *, to_known_end: bool = False
+                        ) -> dict[str, object]:
         """A consumer that is only ever assigned partitions and never commits.
         Its group is named under the namespace, where the namespace's ACLs
-        allow it (:mod:`topics.rights`)."""
+        allow it (:mod:`topics.rights`).
+
+        ``to_known_end``: it only reads up to an end it asked for, never
+        waiting for new records. Its fetches then wait briefly at the
+        broker: a fetch parked there at the end delays every later request
+        of the consumer (a broker answers one connection's requests in
+        order), and the next read waited up to half a second for it."""
+        wait_ms = broker_profile.SHORT_FETCH_WAIT_MS if to_known_end \
+            else self.profile.fetch_max_wait_ms
         return {
             **self.kafka_config(),
             "group.id": f"{self.namespace}.{group_id}",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
-            "fetch.wait.max.ms": self.profile.fetch_max_wait_ms,
-            "fetch.error.backoff.ms": min(self.profile.fetch_max_wait_ms, 100),
+            "fetch.wait.max.ms": wait_ms,
+            "fetch.error.backoff.ms": min(wait_ms, 100),
             "auto.offset.reset": "earliest",
         }
 
