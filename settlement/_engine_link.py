@@ -183,6 +183,15 @@ class EngineLink:
             deadline = min(deadline, call_deadline)
         may_be_final = final_before_ms is not None
         sent = [(c, self._send(_quiet(c) if may_be_final else c)) for c in cmds]
+        # The engine cannot answer a command before Kafka has it, and a new
+        # producer's first record waits for its connection and producer id
+        # (0.1-0.5 s): the attempt's wait for answers starts once they are
+        # all appended, so that retries follow the policy's pace.
+        appended_at = _all_appended([appended for _, (_, appended) in sent], deadline)
+        if appended_at is not None:
+            deadline = appended_at + self.attempt_timeout
+            if call_deadline is not None:
+                deadline = min(deadline, call_deadline)
         error: ServiceBusError | None = None
         for cmd, (fut, appended) in sent:
             try:
@@ -326,6 +335,18 @@ class EngineLink:
         # alive long after its client closed, and the producer's threads with
         # it (a closed sender drops its producer too). Nothing sends after close.
         del self._producer
+
+
+def _all_appended(appends: list[Future[int | None]], deadline: float) -> float | None:
+    """When (``time.monotonic()``) every one of ``appends`` was resolved, if
+    they all were by ``deadline``; None otherwise (a failed append is raised
+    where its command's answer is waited for)."""
+    for appended in appends:
+        try:
+            appended.exception(max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            return None
+    return time.monotonic()
 
 
 def _final(appended_ms: int | None, final_before_ms: int) -> bool:
