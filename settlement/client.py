@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +124,9 @@ class ServiceBusClient:
         self._readers = ReaderPool(settings)
         self._link: EngineLink | None = None
         self._batcher: SettleBatcher | None = None
+        #: makes the link and the batcher once when threads share the client
+        #: (each of them made a link of its own, and only the last was closed)
+        self._making = threading.Lock()
         self._handlers: list[ServiceBusSender | ServiceBusReceiver] = []
         self._pairing: Pairing | None = None
         self._signed_in = False
@@ -287,14 +291,17 @@ class ServiceBusClient:
             self._signed_in = True
 
     def _engine(self) -> EngineLink:
-        if self._link is None:
-            self._link = EngineLink(self.settings, retry=self.retry)
-        return self._link
+        with self._making:
+            if self._link is None:
+                self._link = EngineLink(self.settings, retry=self.retry)
+            return self._link
 
     def _settle_batcher(self) -> SettleBatcher:
-        if self._batcher is None:
-            self._batcher = SettleBatcher(self._engine())
-        return self._batcher
+        link = self._engine()
+        with self._making:
+            if self._batcher is None:
+                self._batcher = SettleBatcher(link)
+            return self._batcher
 
     def close(self) -> None:
         if self._pairing is not None:
@@ -304,10 +311,10 @@ class ServiceBusClient:
         self._handlers.clear()
         self._registry.close()
         self._readers.close()
-        if self._link is not None:
-            self._link.close()
-            self._link = None
-            self._batcher = None
+        with self._making:
+            link, self._link, self._batcher = self._link, None, None
+        if link is not None:
+            link.close()
 
     def __enter__(self) -> ServiceBusClient:
         return self

@@ -25,10 +25,9 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
-from aiokafka import TopicPartition as AIOKafkaTP
 from faust.types import TP, StreamT
 
 from streams import sessions
@@ -79,6 +78,7 @@ from topics.events import (
     record_key,
     state_record,
 )
+from topics.offsets import committed_offsets
 
 log = logging.getLogger(__name__)
 #: The largest header record (with its redo and outbox) the engine writes:
@@ -125,23 +125,26 @@ _time_known: dict[int, asyncio.Event] = {}
 _TIME_WAIT_S = 5.0
 #: most commands run together (group commit)
 MAX_BATCH = 500
+#: how long reading where the commands partitions were applied up to may take
+_COMMITTED_WAIT_S = 5.0
 
 
 class _FaustGroupOffsets:
-    """The commands partitions' offsets in Faust's group, through its own
-    consumer, a member of that group (the intake's consumer then never
-    looks for a group coordinator: with the brokers away that cost the
-    engine a hundredth of a core)."""
+    """The commands partitions' offsets in Faust's group. They are read with
+    a request of their own, bounded in time: Faust's consumer asks again for
+    ever, silently, and a worker of a three-broker test once waited 83 s in
+    it, never ready. They are committed through Faust's consumer, a member of
+    the group (the intake's consumer then never looks for a group
+    coordinator: with the brokers away that cost the engine a hundredth of a
+    core; and a worker no longer in the group's generation cannot commit)."""
 
     async def committed(self, partitions: list[int]) -> dict[int, int]:
-        thread = app.consumer._thread  # type: ignore[attr-defined]  # Faust's aiokafka thread
-        member = thread._ensure_consumer()
-        topic = commands_topic.get_topic_name()
-        found = {}
-        for partition in partitions:
-            offset = await thread.call_thread(member.committed, AIOKafkaTP(topic, partition))
-            found[partition] = -1 if offset is None else offset
-        return found
+        # A one-shot client: librdkafka's default back-off, not the engine's
+        # (a new client's first connection waits half of it).
+        config = replace(settings, reconnect_backoff_ms=None).kafka_config()
+        return await asyncio.to_thread(committed_offsets, config, app.conf.id,
+                                       commands_topic.get_topic_name(), partitions,
+                                       _COMMITTED_WAIT_S)
 
     async def commit(self, offsets: dict[int, int]) -> None:
         topic = commands_topic.get_topic_name()

@@ -12,10 +12,9 @@ Faust keeps what it does well: the group membership that decides which worker
 owns which engine partitions, the tables and their recovery, the timers. This
 consumer is only ever *assigned* the commands partitions Faust gave this
 worker, once their tables are recovered (``on_rebalance_complete``), from
-where Faust's group committed them (through Faust's own consumer, a member
-of that group: :class:`GroupOffsets`), and an offset is committed there only
-once the commands before it were applied (their commit records are in
-Kafka), as Faust did: a crash loses nothing, and the
+where Faust's group committed them (:class:`GroupOffsets`), and an offset
+is committed there only once the commands before it were applied (their
+commit records are in Kafka), as Faust did: a crash loses nothing, and the
 commands after the last commit run again, which their ids make harmless.
 Faust's own consumer leaves the commands partitions alone
 (:func:`streams.kafka_tuning.leave_to_intake`).
@@ -63,7 +62,9 @@ class GroupOffsets(Protocol):
     keeps how far each was applied."""
 
     async def committed(self, partitions: list[int]) -> dict[int, int]:
-        """The committed offset of each of ``partitions`` (negative: none)."""
+        """The committed offset of each of ``partitions`` (negative: none);
+        raises :class:`KafkaException` or :class:`TimeoutError` in a few
+        seconds at most (the assignment waits for it, and asks again)."""
 
     async def commit(self, offsets: dict[int, int]) -> None:
         """Commit ``offsets`` (partition -> the next offset to apply)."""
@@ -180,9 +181,9 @@ class CommandIntake:
                 # which librdkafka first resolves with a request of its own.
                 starts = {p: max(0, o) for p, o in committed.items()}
                 break
-            except KafkaException as exc:
+            except (KafkaException, TimeoutError) as exc:
                 log.warning("cannot read where commands partitions %s were applied up to (%s); "
-                            "asking again in a second", new, exc)
+                            "asking again in a second", new, str(exc) or "no answer in time")
                 await asyncio.sleep(1.0)
                 if this != self._assignments:
                     return

@@ -63,3 +63,38 @@ def test_three_receivers_share_a_queue_without_overlapping_locks(
         for earlier, later in zip(ds, ds[1:], strict=False):
             # the next holder got it only after the previous one let it go
             assert earlier[2] is not None and earlier[2] <= later[1], (message_id, ds)
+
+
+def _engine_link_threads() -> int:
+    return sum(t.name == "engine-replies" for t in threading.enumerate())
+
+
+def test_threads_that_share_a_new_client_share_its_engine_link(
+        client: ServiceBusClient, conn: str, make_queue: Callable[..., str]) -> None:
+    """Eight threads start receiving and completing at once through one new
+    client: it links to the engine once, and closing it stops the link (each
+    thread made a link of its own, and only the last was closed)."""
+    queue = make_queue(partition_count=2)
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(16)])
+    before = _engine_link_threads()
+    start = threading.Barrier(8)
+    done: list[int] = []
+    with ServiceBusClient.from_connection_string(conn) as shared:
+
+        def work() -> None:
+            start.wait(timeout=30)
+            with shared.get_queue_receiver(queue) as receiver:
+                while batch := receiver.receive_messages(2, max_wait_time=2):
+                    for message in batch:
+                        receiver.complete_message(message)
+                        done.append(1)
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert _engine_link_threads() == before + 1
+    assert _engine_link_threads() == before
+    assert len(done) == 16

@@ -1,6 +1,7 @@
 """Reading partitions: log end offsets that are right on every
 Kafka-protocol broker, taking what a consumer has without waiting longer
-than needed, and where a record read sits (:func:`position_of`).
+than needed, where a record read sits (:func:`position_of`) and where a
+consumer group committed it was (:func:`committed_offsets`).
 
 Tansu answers ListOffsets(latest) with the last batch's base offset + 1, not
 the log end (after one batch of 1,000 records it says 1); the high watermark
@@ -14,8 +15,17 @@ says when) it is used alone.
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
 
 #: Errors of a partition whose leader is not known yet, or is moving.
 _LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
@@ -62,6 +72,24 @@ def log_end_offsets(consumer: Consumer, partitions: list[tuple[str, int]], *, ex
     finally:
         consumer.unassign()
     return ends
+
+
+def committed_offsets(config: dict[str, Any], group: str, topic: str, partitions: list[int],
+                      timeout: float) -> dict[int, int]:
+    """The offsets ``group`` committed for ``partitions`` of ``topic``
+    (negative: none), in one request of a client made for it: it raises
+    :class:`KafkaException` or :class:`TimeoutError` within ``timeout``
+    (a member's own read, aiokafka's, asks again for ever)."""
+    admin = AdminClient(config)
+    asked = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])
+    future = admin.list_consumer_group_offsets([asked], request_timeout=timeout)[group]
+    answer = future.result(timeout=timeout)
+    found = {}
+    for tp in answer.topic_partitions:
+        if tp.error is not None:
+            raise KafkaException(tp.error)
+        found[tp.partition] = tp.offset
+    return found
 
 
 def _listed_end(consumer: Consumer, tp: tuple[str, int], deadline: float) -> int:

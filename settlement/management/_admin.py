@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -92,6 +93,7 @@ class ServiceBusAdministrationClient(TopicAdministration):
         self._admin = AdminClient(settings.kafka_config())
         self._entities = EntityRegistry(settings)
         self._link: EngineLink | None = None
+        self._making = threading.Lock()
         self._signed_in = False
 
     @property
@@ -288,16 +290,18 @@ class ServiceBusAdministrationClient(TopicAdministration):
                                                         runtime.total_message_count)
 
     def _engine(self) -> EngineLink:
-        if self._link is None:
-            self._link = EngineLink(self._settings, attempt_timeout=5.0,
-                                    retry=RetryPolicy(total=2, backoff_factor=0.2))
-        return self._link
+        with self._making:  # threads sharing the client share one link
+            if self._link is None:
+                self._link = EngineLink(self._settings, attempt_timeout=5.0,
+                                        retry=RetryPolicy(total=2, backoff_factor=0.2))
+            return self._link
 
     def close(self) -> None:
         self._entities.close()
-        if self._link is not None:
-            self._link.close()
-            self._link = None
+        with self._making:
+            link, self._link = self._link, None
+        if link is not None:
+            link.close()
 
     def __enter__(self) -> ServiceBusAdministrationClient:
         return self
