@@ -812,7 +812,7 @@ def why_missed(target: Target, phases: dict[str, Phase]) -> str:
         return (f"a settlement is a request and a reply through the broker, whose floor with "
                 f"nothing in between is {trip['p50_ms']:.2f} ms p50 here (raw round trip), "
                 f"plus the engine's durable commit record ({ack['p50_ms']:.2f} ms ack), plus "
-                f"{engine_ms:.2f} ms in the engine's Faust consumer, agent and producer")
+                f"{engine_ms:.2f} ms in the engine (its intake, state machine and producers)")
     if target.figure == "p99_ms":
         return (f"a settlement chains that round trip and a durable write, whose own p99 "
                 f"here are {trip['p99_ms']:.2f} ms and {ack['p99_ms']:.2f} ms")
@@ -820,10 +820,19 @@ def why_missed(target: Target, phases: dict[str, Phase]) -> str:
     cores = {k: p.cpu.get(k, 0.0) for k in ("client", "engine", "broker")}
     busy = ", ".join(f"{k} {v:.2f}" for k, v in cores.items())
     python = max(("client", "engine"), key=cores.__getitem__)
+    machine = os.cpu_count() or 1
+    total = sum(cores.values())
+    per_message = ", ".join(f"{k} {v / p.rate * 1e6:,.0f}" for k, v in cores.items())
     # 0.9 of a core: a Python process runs its Python on one core at a time (the GIL)
     load = (f"the {python} is saturated (cores busy: {busy})" if cores[python] >= 0.9
             else f"neither the client nor the engine fills a core (cores busy: {busy} "
-                 f"of {os.cpu_count()})")
+                 f"of {machine})")
+    if total >= 0.85 * machine:
+        # The three share this machine's cores: below a core each, they can
+        # still be bound by CPU together.
+        load += (f"; together they keep {total:.2f} of the {machine} cores busy: the "
+                 f"machine's CPU bounds it, {total / p.rate * 1e6:,.0f} µs of CPU a "
+                 f"message ({per_message})")
     if "callers" in p.extra:
         callers = p.extra["callers"]
         who = ("one caller waits for each answer" if callers == 1 else
