@@ -27,7 +27,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -283,9 +283,11 @@ class CommandIntake:
                 return
             wait = 0.0
             try:
-                done.set_result(job())
+                result = job()
             except Exception as exc:  # noqa: BLE001 (handed to whoever waits for it)
-                done.set_exception(exc)
+                _hand_over_outcome(done.set_exception, exc)
+            else:
+                _hand_over_outcome(done.set_result, result)
 
     def _read(self) -> None:
         """Hand what the consumer read to the event loop, as it comes; wait
@@ -337,3 +339,15 @@ class CommandIntake:
                 if self._closed.is_set():
                     queued.cancel()
                     return False
+
+
+def _hand_over_outcome(setter: Callable[[Any], None], outcome: Any) -> None:
+    """Give a job's outcome to its future, unless whoever waited for it was
+    cancelled meanwhile (an assignment cut short by the next rebalance): the
+    job ran all the same, and the reader reads on. (Setting a cancelled
+    future raised in the reader thread and ended it: the worker read no
+    command again, and its next assignment waited for ever.)"""
+    try:
+        setter(outcome)
+    except InvalidStateError:
+        pass
