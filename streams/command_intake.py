@@ -290,6 +290,20 @@ class CommandIntake:
                 _hand_over_outcome(done.set_result, result)
 
     def _read(self) -> None:
+        """The reader thread: :meth:`_read_on` until closed. An error it did
+        not expect is logged and reading goes on a second later: a reader
+        that ended would leave the worker reading no command again, and its
+        next assignment waiting for it for ever."""
+        while True:
+            try:
+                self._read_on()
+                return
+            except Exception:
+                log.exception("the commands reader failed; reading on in a second")
+                if self._closed.wait(1.0):
+                    return
+
+    def _read_on(self) -> None:
         """Hand what the consumer read to the event loop, as it comes; wait
         while the loop has enough queued (backpressure)."""
         loop = self._loop
