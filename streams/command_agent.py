@@ -131,12 +131,13 @@ _COMMITTED_WAIT_S = 5.0
 
 class _FaustGroupOffsets:
     """The commands partitions' offsets in Faust's group. They are read with
-    a request of their own, bounded in time: Faust's consumer asks again for
-    ever, silently, and a worker of a three-broker test once waited 83 s in
-    it, never ready. They are committed through Faust's consumer, a member of
-    the group (the intake's consumer then never looks for a group
-    coordinator: with the brokers away that cost the engine a hundredth of a
-    core; and a worker no longer in the group's generation cannot commit)."""
+    a request of their own, bounded in time (Faust's consumer asks again for
+    ever, silently, and an assignment waits for the read), so that a read
+    that fails is logged and asked again. They are committed through
+    Faust's consumer, a member of the group (the intake's consumer then
+    never looks for a group coordinator: with the brokers away that cost the
+    engine a hundredth of a core; and a worker no longer in the group's
+    generation cannot commit)."""
 
     async def committed(self, partitions: list[int]) -> dict[int, int]:
         # A one-shot client: librdkafka's default back-off, not the engine's
