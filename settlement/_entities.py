@@ -64,6 +64,8 @@ class EntityRegistry:
         self._position = 0
         self._load_lock = threading.Lock()
         self._consumer: Consumer | None = None
+        #: whether the topic was read: its metadata need not be asked again
+        self._readable = False
 
     def load_all(self) -> dict[str, Definition]:
         """Every definition by key; none in a namespace never provisioned."""
@@ -135,17 +137,26 @@ class EntityRegistry:
 
     def _log_end(self, consumer: Consumer) -> int:
         try:
-            metadata = consumer.list_topics(self._topic, timeout=10)
-            error = metadata.topics[self._topic].error
-            if error is not None:
-                refused = denied(error.name(), "a right (Send, Listen or Manage)",
-                                 f"namespace {self._settings.namespace!r}")
-                if refused is not None:
-                    raise refused
-                return 0  # not provisioned yet: no queues
+            # The topic's metadata says whether it exists and may be read;
+            # once it was read, the log end alone is asked (a request, not
+            # three, for every new receiver), and metadata again if that fails.
+            if not self._readable:
+                metadata = consumer.list_topics(self._topic, timeout=10)
+                error = metadata.topics[self._topic].error
+                if error is not None:
+                    refused = denied(error.name(), "a right (Send, Listen or Manage)",
+                                     f"namespace {self._settings.namespace!r}")
+                    if refused is not None:
+                        raise refused
+                    return 0  # not provisioned yet: no queues
             exact = self._settings.profile.exact_list_offsets
-            return log_end_offsets(consumer, [(self._topic, 0)], exact=exact)[(self._topic, 0)]
+            end = log_end_offsets(consumer, [(self._topic, 0)], exact=exact)[(self._topic, 0)]
+            self._readable = True
+            return end
         except (KafkaException, TimeoutError) as exc:
+            if self._readable:  # deleted, or no longer allowed: the metadata says which
+                self._readable = False
+                return self._log_end(consumer)
             reason = exc.args[0].str() if isinstance(exc, KafkaException) else str(exc)
             raise ServiceBusConnectionError(
                 f"cannot read the queues of namespace {self._settings.namespace!r} from "

@@ -151,9 +151,14 @@ assert (headers.name, entries.name) == specs.ENGINE_TABLES
 #: waits for. ``commits``: the windows' headers (the commit records);
 #: ``answers``: the replies; ``records``: the rest (entries under their own
 #: keys, events, states). A key is only ever written through one of them.
+#: how long the follow-up records wait for each other in librdkafka: sent
+#: together they are one request per partition, where each record sent alone
+#: went out in a request of its own as soon as it was produced (nobody waits
+#: for them; the commit records carry them until Kafka holds them)
+FOLLOW_UPS_LINGER_MS = 5
 commits = RecordSender(settings.kafka_config())
 answers = RecordSender(settings.kafka_config())
-records = RecordSender(settings.kafka_config())
+records = RecordSender(settings.kafka_config(), linger_ms=FOLLOW_UPS_LINGER_MS)
 
 
 @app.on_before_shutdown.connect

@@ -39,12 +39,13 @@ _POLL_S = 0.5
 class RecordSender:
     """Sends records with a librdkafka producer, in order."""
 
-    def __init__(self, kafka_config: dict[str, Any]) -> None:
+    def __init__(self, kafka_config: dict[str, Any], *, linger_ms: float = 0) -> None:
         self._producer = Producer({
             **kafka_config,
             "acks": "all",
             "enable.idempotence": True,  # in order and once, retries included
-            "linger.ms": 0,  # answers are latency-bound; load batches by itself
+            # 0 for what a caller waits for (a heavy load batches by itself)
+            "linger.ms": linger_ms,
             # keys to the partitions Java clients (and aiokafka) pick: the
             # state topic is compacted by key, so a key must stay in one
             "partitioner": "murmur2_random",

@@ -31,6 +31,8 @@ from confluent_kafka.admin import AdminClient
 _LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
 #: librdkafka's OFFSET_INVALID: no fetch response has given a watermark yet.
 OFFSET_UNKNOWN = -1001
+#: ListOffsets' timestamp for the log end
+_LATEST = -1
 
 
 def take(consumer: Consumer, max_records: int, timeout: float) -> list[Message]:
@@ -95,11 +97,18 @@ def committed_offsets(config: dict[str, Any], group: str, topic: str, partitions
 def _listed_end(consumer: Consumer, tp: tuple[str, int], deadline: float) -> int:
     """ListOffsets(latest), asked again while the broker answers with a
     retriable error: a topic created a moment ago may have no leader yet
-    (Apache Kafka says "Not leader for partition" until metadata spreads)."""
+    (Apache Kafka says "Not leader for partition" until metadata spreads).
+
+    One request: ``offsets_for_times`` with the timestamp -1 (latest), where
+    ``get_watermark_offsets`` asks for the log start too, in a request of its
+    own (every new receiver reads on the entity definitions so)."""
     while True:
         try:
-            return consumer.get_watermark_offsets(
-                TopicPartition(*tp), timeout=max(0.1, deadline - time.monotonic()))[1]
+            [listed] = consumer.offsets_for_times(
+                [TopicPartition(*tp, _LATEST)], timeout=max(0.1, deadline - time.monotonic()))
+            if listed.error is not None:
+                raise KafkaException(listed.error)
+            return int(listed.offset)
         except KafkaException as exc:
             error = exc.args[0]
             if not (error.retriable() or error.code() in _LEADER_MOVING) \
