@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 _TICK = os.sysconf("SC_CLK_TCK")
+#: the names HotSpot gives its JIT compiler threads (``/proc/PID/task/*/comm``)
+_COMPILER_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
+#: a broker is warm once its JIT compilers use less than this share of a core
+_WARM_SHARE = 0.05
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -93,3 +98,75 @@ def percentile(samples: list[float], q: float) -> float:
         return float("nan")
     rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
     return ordered[rank - 1]
+
+
+def compiler_seconds(pid: int) -> float:
+    """CPU seconds the JIT compiler threads of a JVM (HotSpot) have used so
+    far; 0.0 for a process that has none (Tansu)."""
+    total = 0.0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0.0
+    for task in tasks:
+        try:
+            if not (task / "comm").read_text().startswith(_COMPILER_THREADS):
+                continue
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / _TICK
+    return total
+
+
+@dataclass
+class WarmUp:
+    """How the broker was warmed up, and what its JIT compilers did after."""
+
+    broker_pid: int
+    rounds: int
+    seconds: float
+    #: cores the JIT compilers used in the last warm-up round
+    jit_last_round: float
+    #: compiler seconds and clock when the warm-up ended
+    _since: tuple[float, float] = field(default=(0.0, 0.0), repr=False)
+
+    def jit_since(self) -> float:
+        """Cores the broker's JIT compilers used since the warm-up ended."""
+        jit0, t0 = self._since
+        return (compiler_seconds(self.broker_pid) - jit0) / max(time.monotonic() - t0, 1e-3)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rounds": self.rounds, "seconds": self.seconds,
+                "jit_cores_last_round": round(self.jit_last_round, 3),
+                "jit_cores_while_measuring": round(self.jit_since(), 3)}
+
+
+
+def warm_line(figures: dict[str, Any]) -> str:
+    """The printed line of :meth:`WarmUp.as_dict`'s figures."""
+    return (f"broker warmed up first: {figures['rounds']} round(s), {figures['seconds']:.0f} s, "
+            f"until its JIT compilers used {figures['jit_cores_last_round']:.2f} of a core; "
+            f"while measuring {figures['jit_cores_while_measuring']:.2f}")
+
+
+def warm_up(broker_pid: int, one_round: Callable[[int], None], step: Callable[[str], None],
+            *, most_s: float = 120.0) -> WarmUp:
+    """Run ``one_round(i)`` until the broker's JIT compilers are quiet (or
+    ``most_s`` seconds have passed), so that the phases measure the broker a
+    deployment runs, not one compiling its own request paths: on a JVM just
+    started, the compilers took 0.3-0.5 of a core through the first minute of
+    load, a fourth of these 2 cores (Apache Kafka, a drain of bench/sessions.py:
+    95 sessions/s cold, 172 warm)."""
+    started = time.monotonic()
+    rounds, share = 0, 0.0
+    while True:
+        jit0, t0 = compiler_seconds(broker_pid), time.monotonic()
+        one_round(rounds)
+        rounds += 1
+        share = (compiler_seconds(broker_pid) - jit0) / max(time.monotonic() - t0, 1e-3)
+        step(f"warm-up round {rounds}: the broker's JIT compilers used {share:.2f} of a core")
+        if share < _WARM_SHARE or time.monotonic() - started > most_s:
+            break
+    return WarmUp(broker_pid, rounds, round(time.monotonic() - started, 1), share,
+                  (compiler_seconds(broker_pid), time.monotonic()))

@@ -62,7 +62,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.brokers import add_broker_argument, broker_label, broker_pid, new_broker, results_path
-from bench.measure import CpuMeter, Phase, Timed, percentile
+from bench.measure import CpuMeter, Phase, Timed, percentile, warm_line, warm_up
 from settlement import ServiceBusClient, ServiceBusMessage
 from settlement.exceptions import OperationTimeoutError, ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
@@ -363,6 +363,20 @@ def send(client: ServiceBusClient, queue: str, messages: list[ServiceBusMessage]
     for start in range(1, len(messages), chunk):
         sender.send_messages(messages[start:start + chunk])
     sender.close()
+
+
+def warm_round(client: ServiceBusClient, queue: str, size: int, meter: CpuMeter,
+               number: int) -> None:
+    """One round of the warm-up (:func:`bench.measure.warm_up`): the requests
+    of the phases, large and small: 1,000 messages received in hundreds and
+    completed in lists, then 2,000 completed one by one from 8 threads."""
+    lists = make_messages(f"w{number}l", 1000, size)
+    send(client, queue, lists, 1000)
+    settle_in_batches(client, queue, [m.message_id for m in lists], 100, meter)
+    each = make_messages(f"w{number}e", 2000, size)
+    send(client, queue, each, 1000)
+    settle_per_message_threads("warm-up", client, queue, [m.message_id for m in each], 8, 20,
+                               30.0, meter)
 
 
 def settle_in_batches(client: ServiceBusClient, queue: str, ids: list[str], batch: int,
@@ -696,6 +710,7 @@ def render(machine: dict[str, Any], args: argparse.Namespace, phases: dict[str, 
         f"{machine['cpu_model']}; {machine['implementation']} {machine['python']}; "
         f"confluent-kafka {machine['confluent_kafka']} / librdkafka {machine['librdkafka']}",
         f"messages per phase: {args.messages:,} x {args.size} B bodies",
+        warm_line(machine["broker_warm_up"]),
         "",
     ]
     head = (f"{'figure':<52} {'result':>12}  {'raw Kafka baseline':>24}  {'vs raw':>7}"
@@ -931,11 +946,10 @@ def main(argv: list[str] | None = None) -> int:
             ready = wait_for_engine(client, "warmup", worker.proc)
             step(f"engine ready after {ready:.1f}s")
 
-            # Warm-up: connections, readers and the engine's first windows.
-            warm = make_messages("w", min(2000, n), size)
-            send(client, "warmup", warm, args.send_chunk)
-            settle_in_batches(client, "warmup", [m.message_id for m in warm], args.batch, meter)
-            step("warm-up done")
+            # Warm-up: connections, readers, the engine's first windows and
+            # the broker's JIT.
+            warmed = warm_up(pids["broker"],
+                             lambda i: warm_round(client, "warmup", size, meter, i), step)
 
             step("raw Kafka baseline")
             for p in raw_kafka(broker.bootstrap, conn, n, size, meter, args.latency_samples):
@@ -1069,6 +1083,7 @@ def main(argv: list[str] | None = None) -> int:
                      for q, r in runtime.items()}
         if any(v["active"] or v["locked"] or v["dead_letter"] for v in leftovers.values()):
             log.warning("queues are not empty after the bench: %s", leftovers)
+        machine["broker_warm_up"] = warmed.as_dict()
         print(render(machine, args, phases, derived), flush=True)
         result = {
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -73,7 +73,7 @@ from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 from rocksdict import AccessType, Options, Rdict
 
 from bench.brokers import add_broker_argument, broker_label, broker_pid, new_broker, results_path
-from bench.measure import CpuMeter, Phase, Timed, percentile
+from bench.measure import CpuMeter, Phase, Timed, percentile, warm_line, warm_up
 from bench.run import (
     LOCK_SECONDS,
     check_exactly_once,
@@ -81,8 +81,8 @@ from bench.run import (
     make_messages,
     send,
     settle_batches_threads,
-    settle_in_batches,
     wait_for_engine,
+    warm_round,
 )
 from bench.scale import engine_footprint
 from bench.topics import CHUNK, drain_in_threads, publish
@@ -96,6 +96,7 @@ from topics.offsets import log_end_offsets, take
 
 NAMESPACE = "benchsessions"
 PLAIN, PLAIN_BEST, SESSIONS, FEW, CROWDED = "plain", "plain1000", "sessions", "few", "crowded"
+WARM_SESSIONS = "warmsessions"
 BEST_BATCH = 1000
 ROUND = 25             # probe sessions per queue before switching to the other
 SESSION_WAIT_S = 1.0   # max_wait_time of a NEXT_AVAILABLE_SESSION receiver
@@ -350,6 +351,18 @@ def session_phases(client: ServiceBusClient, admin: ServiceBusAdministrationClie
     return {"session_send": sent, "session_settle": settle}
 
 
+def warm_sessions(client: ServiceBusClient, meter: CpuMeter, size: int) -> None:
+    """A warm-up round's sessions: 200 of 5, drained as the phase drains them."""
+    messages = session_messages(200, 5, size)
+    with client.get_queue_sender(WARM_SESSIONS) as sender:
+        for start in range(0, len(messages), CHUNK):
+            sender.send_messages(messages[start:start + CHUNK])
+    with Timed(meter) as t:
+        drain = SessionDrain(client, WARM_SESSIONS, 5, len(messages), t)
+        drain_in_threads([SessionReceiverThread(f"w{i}", drain)  # type: ignore[list-item]
+                          for i in range(4)])
+
+
 # ---------------------------------------------------------------- baseline
 def plain_phases(client: ServiceBusClient, worker: EngineProcess, args: argparse.Namespace,
                  meter: CpuMeter, state: dict[str, dict[str, float]]) -> dict[str, Phase]:
@@ -483,7 +496,7 @@ def render(result: dict[str, Any]) -> str:
              + " ".join(f"{x:.2f}" for x in result["load_average"]),
              f"{ss['sessions']:,} sessions x {result['per_session']} messages of "
              f"{result['size']} B = {ss['messages']:,}; {result['receivers']} receiver threads; "
-             f"{result['partitions']} partition(s)", ""]
+             f"{result['partitions']} partition(s)", warm_line(result["broker_warm_up"]), ""]
     lines += table(("figure", "sessions", "plain queue same run", "ratio",
                     "cores client/engine/broker"), rows, (58, 14, 20, 5, 26))
     lines.append("  one session, p50 (p90) ms: " + ", ".join(
@@ -612,17 +625,21 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with (running(args.broker, work) as (conn, worker, meter),
           ServiceBusAdministrationClient.from_connection_string(conn) as admin,
           ServiceBusClient.from_connection_string(conn) as client):
-        for queue in ("warmup", PLAIN, PLAIN_BEST, SESSIONS, FEW, CROWDED):
-            admin.create_queue(queue, requires_session=queue in (SESSIONS, FEW, CROWDED),
+        for queue in ("warmup", PLAIN, PLAIN_BEST, WARM_SESSIONS, SESSIONS, FEW, CROWDED):
+            admin.create_queue(queue, requires_session=queue in (WARM_SESSIONS, SESSIONS, FEW,
+                                                                 CROWDED),
                                lock_duration=LOCK_SECONDS, max_delivery_count=10,
                                partition_count=args.partitions)
         assert worker.proc is not None
         step(f"engine ready after {wait_for_engine(client, 'warmup', worker.proc):.1f}s"
              "; warm-up")
         watch = ScanWatch(conn)
-        warm = make_messages("w", min(2000, total), args.size)
-        send(client, "warmup", warm, CHUNK)
-        settle_in_batches(client, "warmup", [m.message_id for m in warm], BEST_BATCH, meter)
+
+        def one_round(number: int) -> None:
+            warm_round(client, "warmup", args.size, meter, number)
+            warm_sessions(client, meter, args.size)
+
+        warmed = warm_up(meter.pids["broker"], one_round, step)
         state["start"] = engine_state(worker)
         step(f"plain queue: {total:,} messages, twice")
         phases |= plain_phases(client, worker, args, meter, state)
@@ -632,10 +649,11 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
              f"{args.idle:,} sessions or in one")
         idle = idle_phase(client, admin, worker, args, state, watch)
         watch.close()
+        warm_figures = warmed.as_dict()
     return {
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine_info(), "load_average": os.getloadavg(), "broker": args.broker,
-        "per_session": args.per_session, "size": args.size,
+        "broker_warm_up": warm_figures, "per_session": args.per_session, "size": args.size,
         "receivers": args.receivers, "partitions": args.partitions,
         "phases": {k: p.as_dict() for k, p in phases.items()},
         "engine_state": state, "idle": idle,
