@@ -15,11 +15,22 @@ the commands topic, or retried by its client under the same command id), or
 its header, whose redo and outbox are applied again when the window is next
 loaded: state and events together, or not at all. Events published twice
 carry the same command id, which readers drop as repeats.
+
+Batches overlap: once a batch's commit records are sent (and its writes
+stored locally, where the next commands read them), the next batch is
+applied while Kafka acknowledges them. Nothing leaves before the state it
+reports is in Kafka: a batch's answers, its refusals included, and its
+follow-ups wait for its own commit records, and for the batches before it;
+its commands' offsets are committed only after that. A later commit record of
+a window carries the writes of the earlier ones still on their way, as it
+carries follow-ups not yet acknowledged, so a record that Kafka holds always
+covers what its window's answers said.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import os
@@ -125,6 +136,14 @@ _time_known: dict[int, asyncio.Event] = {}
 _TIME_WAIT_S = 5.0
 #: most commands run together (group commit)
 MAX_BATCH = 500
+#: batches whose commit records may be on their way to Kafka at once while
+#: the next one is applied (a few cover the wait: each is a few ms)
+_IN_FLIGHT_BATCHES = 4
+_in_flight = asyncio.Semaphore(_IN_FLIGHT_BATCHES)
+#: answers of the batch being applied, held until its commit records are in
+#: Kafka (None: not applying a batch of commands; answers go at once)
+_held_answers: contextvars.ContextVar[list[tuple[ReplyAddress, Reply]] | None] = \
+    contextvars.ContextVar("held_answers", default=None)
 #: how long reading where the commands partitions were applied up to may take
 _COMMITTED_WAIT_S = 5.0
 
@@ -183,15 +202,42 @@ async def process_commands(stream: StreamT) -> None:
 async def run_batches() -> None:
     """Run the commands read, in batches (group commit): a batch takes all
     that arrived meanwhile, so a lone command runs at once and a busy engine
-    runs what queued meanwhile together. A command's offset is committed
-    only once its batch ran, so never before its commit record is in Kafka."""
+    runs what queued meanwhile together. The next batch is applied while
+    Kafka acknowledges this one's commit records (:func:`_finish`)."""
+    before: asyncio.Future[None] | None = None
     while True:
         records = await intake.next_batch()
+        await _in_flight.acquire()
+        held = _held_answers.set([])
+        pending = None
         try:
-            await _handle(records)
+            pending = await _handle(records)
         except Exception:  # never let one batch stop the engine
             log.exception("a batch of %d commands failed", len(records))
+        finally:
+            refusals = _held_answers.get() or []
+            _held_answers.reset(held)
+        before = asyncio.ensure_future(_finish(records, pending, refusals, before))
+
+
+async def _finish(records: list[CommandRecord], pending: _Pending | None,
+                  refusals: list[tuple[ReplyAddress, Reply]],
+                  before: asyncio.Future[None] | None) -> None:
+    """After the batches before it: once Kafka holds the commit records of a
+    batch, answer its commands and send its follow-ups; only then may its
+    commands' offsets be committed."""
+    try:
+        if before is not None:
+            await before
+        if pending is not None:
+            await pending.finish()
+    except Exception:  # never let one batch stop the engine
+        log.exception("a batch of %d commands failed", len(records))
+    finally:
+        for address, reply in refusals:
+            _send_answer(address, reply)
         intake.applied(records)
+        _in_flight.release()
 
 
 @app.task
@@ -247,7 +293,9 @@ def _applied(records: Sequence[CommandRecord]) -> None:
         _time_known.setdefault(record.partition, asyncio.Event()).set()
 
 
-async def _handle(records: Sequence[CommandRecord]) -> None:
+async def _handle(records: Sequence[CommandRecord]) -> _Pending | None:
+    """Apply ``records``; their commit records on their way to Kafka (None:
+    nothing to wait for)."""
     runs: list[_Run] = []
     ticked: dict[int, None] = {}
     for record in records:
@@ -264,10 +312,11 @@ async def _handle(records: Sequence[CommandRecord]) -> None:
             continue
         if cmd is not None:
             runs.append(_Run(cmd, partition, record.timestamp_ms, _read_clock.now(partition)))
+    pending = None
     if runs:
         async with _one_at_a_time:
             try:
-                await _execute(runs)
+                pending = await _execute(runs)
             finally:  # a batch that failed is over too: its commands are released
                 _applied(records)
     else:
@@ -275,6 +324,7 @@ async def _handle(records: Sequence[CommandRecord]) -> None:
     for partition in ticked:
         for sweep in on_tick:
             await sweep(partition)
+    return pending
 
 
 def _admit(record: CommandRecord) -> Command | None:
@@ -373,7 +423,7 @@ async def run_internal(*cmds: Command) -> None:
         runs.append(_Run(cmd, partition, -1, None))
     if runs:
         async with _one_at_a_time:
-            await _execute(runs)
+            await (await _execute(runs)).finish()
 
 
 async def _time_of(partition: int) -> bool:
@@ -452,11 +502,12 @@ class _Chunk:
         return self.window.commit_record(writes, outbox + self.outbox)
 
 
-async def _execute(runs: list[_Run]) -> None:
+async def _execute(runs: list[_Run]) -> _Pending:
     """Run commands, window by window in the order they came: each window
     applies its commands one after the other in memory, and one commit
     record per window makes them all durable; the records of every window
-    are written together, and only then are the commands answered."""
+    are sent together, and the commands are answered once Kafka holds them
+    (:meth:`_Pending.finish`)."""
     by_window: dict[bytes, list[_Run]] = {}
     for run in runs:
         by_window.setdefault(run.cmd.window_key.encode(), []).append(run)
@@ -469,7 +520,7 @@ async def _execute(runs: list[_Run]) -> None:
             continue
         if chunk is not None:
             chunks.append(chunk)
-    await _commit(chunks)
+    return _send_commit(chunks)
 
 
 async def _apply_group(key: bytes, group: list[_Run]) -> _Chunk | None:
@@ -581,27 +632,57 @@ def _size(writes: dict[bytes, bytes | None], outbox: list[dict[str, Any]]) -> in
 async def _commit(chunks: list[_Chunk]) -> None:
     """Write the commit record of each chunk, all at once; once Kafka holds
     them, send their writes and events, and answer their commands."""
+    await _send_commit(chunks).finish()
+
+
+@dataclass
+class _Pending:
+    """Commit records on their way to Kafka, and what waits for them."""
+
+    chunks: list[_Chunk]
+    #: the chunks that changed their window, with their writes and events
+    changed: list[tuple[_Chunk, _Unsettled]]
+    acks: asyncio.Future[Any]
+
+    async def finish(self) -> None:
+        """Once Kafka holds the records: answer their commands, and send
+        their writes and events under their own keys."""
+        try:
+            await self.acks
+        except Exception as exc:
+            # Not in Kafka: the window is loaded again from its stored
+            # header (_held), whose redo and outbox are sent again.
+            for _, unsettled in self.changed:
+                if not unsettled.sent.done():
+                    unsettled.sent.set_exception(exc)
+            raise
+        if _EXIT_AFTER_COMMIT and any(_EXIT_AFTER_COMMIT in c.ops for c, _ in self.changed):
+            log.warning("exiting after the commit record of %s", _EXIT_AFTER_COMMIT)
+            os._exit(137)  # fault injection: the tests' crash point
+        # Answers before the follow-up: a command's caller waits for its answer only.
+        for chunk in self.chunks:
+            for cmd, result in chunk.answers:
+                _reply_ok(cmd, result)
+        if self.changed:
+            _follow_up(self.changed)
+
+
+def _send_commit(chunks: list[_Chunk]) -> _Pending:
+    """Send the commit record of each chunk, all at once, and store their
+    writes locally: the next commands read them while Kafka acknowledges."""
     changed = [c for c in chunks if c.changed]
     for chunk in changed:
         chunk.seal()
     records = [c.record() for c in changed]
-    await asyncio.gather(*(c.header_store.write(c.key, r)
-                           for c, r in zip(changed, records, strict=True)))
-    if _EXIT_AFTER_COMMIT and any(_EXIT_AFTER_COMMIT in c.ops for c in changed):
-        log.warning("exiting after the commit record of %s", _EXIT_AFTER_COMMIT)
-        os._exit(137)  # fault injection: the tests' crash point
+    acks = asyncio.gather(*(c.header_store.write(c.key, r)
+                            for c, r in zip(changed, records, strict=True)))
     if len(_written) > 10_000:
         _written.clear()
     for chunk, record in zip(changed, records, strict=True):
         # copies: a window that goes on applying commands changes its own dicts
         _written[chunk.key] = (record, {k: dict(v) if isinstance(v, dict) else v
                                         for k, v in chunk.window.header().items()})
-    # Answers before the follow-up: a command's caller waits for its answer only.
-    for chunk in chunks:
-        for cmd, result in chunk.answers:
-            _reply_ok(cmd, result)
-    if changed:
-        _start_follow_up(changed)
+    return _Pending(chunks, [(chunk, _store_committed(chunk)) for chunk in changed], acks)
 
 
 def parsed_header(key: bytes, raw: bytes | None) -> dict[str, Any] | None:
@@ -670,16 +751,25 @@ _waiting: dict[bytes, list[_Unsettled]] = {}
 _follow_up_timer: list[asyncio.TimerHandle] = []
 
 
-def _start_follow_up(chunks: list[_Chunk]) -> None:
-    """Store committed chunks' writes locally at once (the next commands read
-    them); their records follow within :data:`FOLLOW_UP_DELAY_S`."""
-    for chunk in chunks:
-        for k, v in chunk.writes.items():
-            chunk.store.put(k, v)
-        unsettled = _Unsettled(chunk.writes, chunk.outbox, chunk.store, chunk.size)
-        _unsettled.setdefault(chunk.key, []).append(unsettled)
+def _store_committed(chunk: _Chunk) -> _Unsettled:
+    """Store a chunk whose commit record was sent locally at once (the next
+    commands read it); until Kafka holds its writes and events under their
+    own keys, the window's next commit records carry them."""
+    for k, v in chunk.writes.items():
+        chunk.store.put(k, v)
+    unsettled = _Unsettled(chunk.writes, chunk.outbox, chunk.store, chunk.size)
+    _unsettled.setdefault(chunk.key, []).append(unsettled)
+    unsettled.sent.add_done_callback(functools.partial(_held, chunk.key, unsettled))
+    return unsettled
+
+
+def _follow_up(committed: list[tuple[_Chunk, _Unsettled]]) -> None:
+    """Send the writes and events of chunks whose commit records Kafka holds,
+    within :data:`FOLLOW_UP_DELAY_S`."""
+    for chunk, unsettled in committed:
+        if unsettled.sent.done():  # dropped by a rebalance meanwhile
+            continue
         _waiting.setdefault(chunk.key, []).append(unsettled)
-        unsettled.sent.add_done_callback(functools.partial(_held, chunk.key, unsettled))
         if sum(u.size for u in _waiting[chunk.key]) > FOLLOW_UP_MAX_BYTES:
             _send_follow_ups(chunk.key)
     if _waiting and not _follow_up_timer:
@@ -820,8 +910,18 @@ def _answer_refusal(cmd: Command, code: ErrorCode, message: str) -> None:
 
 
 def _answer(address: ReplyAddress, reply: Reply) -> None:
-    """Send an answer, once the state it reports was acknowledged, through
-    the answers' own sender: no follow-up record is ahead of it."""
+    """Send an answer, once the state it reports was acknowledged: those of
+    a batch being applied wait for its commit records (:func:`_finish`)."""
+    held = _held_answers.get()
+    if held is not None:
+        held.append((address, reply))
+    else:
+        _send_answer(address, reply)
+
+
+def _send_answer(address: ReplyAddress, reply: Reply) -> None:
+    """Send an answer through the answers' own sender: no follow-up record
+    is ahead of it."""
     if address.partition >= specs.REPLY_PARTITIONS:  # forged: nobody reads there
         log.warning("not answering command %s: reply partition %d does not exist",
                     reply.id, address.partition)
