@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.brokers import add_broker_argument, broker_label, broker_pid, new_broker, results_path
-from bench.measure import CpuMeter, Phase, Timed, percentile
+from bench.measure import CpuMeter, Phase, Timed, percentile, warm_line, warm_up
 from bench.run import (
     LOCK_SECONDS,
     check_exactly_once,
@@ -50,6 +50,7 @@ from bench.run import (
     send,
     settle_in_batches,
     wait_for_engine,
+    warm_round,
 )
 from settlement import ServiceBusClient, aio
 from settlement.management import ServiceBusAdministrationClient
@@ -129,7 +130,8 @@ def render(result: dict[str, Any]) -> str:
     m = result["machine"]
     lines = ["", f"asyncio settlements ({broker}, 1 engine worker); machine: {m['cores']} "
              f"cores, {m['cpu_model']}, {m['implementation']} {m['python']}",
-             f"{result['messages']:,} messages x {result['size']} B per phase", ""]
+             f"{result['messages']:,} messages x {result['size']} B per phase",
+             warm_line(result["broker_warm_up"]), ""]
     head = f"{'figure':<62} {'msg/s':>10}  {'cores client/engine/broker':>26}"
     lines += [head, "-" * len(head)]
     for key in ("raw_consume", "raw_produce_lists", "peek_lock_batch", "one_settle_command",
@@ -177,8 +179,8 @@ def broker_and_engine(kind: str, work: Path) -> Iterator[tuple[str, CpuMeter, En
 
 
 def measure(args: argparse.Namespace, work: Path, step: Callable[[str], None]
-            ) -> dict[str, Phase]:
-    """Every phase, on one broker and engine."""
+            ) -> tuple[dict[str, Phase], dict[str, Any]]:
+    """Every phase, on one broker and engine; and how the broker was warmed up."""
     phases: dict[str, Phase] = {}
     n, size = args.messages, args.size
     with broker_and_engine(args.broker, work) as (conn, meter, worker), \
@@ -189,9 +191,8 @@ def measure(args: argparse.Namespace, work: Path, step: Callable[[str], None]
         assert worker.proc is not None
         step(f"engine ready after {wait_for_engine(client, 'warmup', worker.proc):.1f}s; "
              "warm-up")
-        warm = make_messages("w", min(2000, n), size)
-        send(client, "warmup", warm, CHUNK)
-        settle_in_batches(client, "warmup", [m.message_id for m in warm], CHUNK, meter)
+        warmed = warm_up(meter.pids["broker"],
+                         lambda i: warm_round(client, "warmup", size, meter, i), step)
         step("raw Kafka baseline")
         bootstrap = parse_connection_string(conn).bootstrap_servers
         phases |= {p.key: p for p in raw_kafka(bootstrap, conn, n, size, meter, 20)}
@@ -211,7 +212,7 @@ def measure(args: argparse.Namespace, work: Path, step: Callable[[str], None]
         send(client, "aio", msgs, CHUNK)
         phases["aio_concurrent_complete"] = asyncio.run(concurrent_completes(
             conn, "aio", [m.message_id for m in msgs], args.concurrency, meter))
-    return phases
+        return phases, warmed.as_dict()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,11 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - started:6.1f}s] {msg}", flush=True)
 
     step(f"starting the {args.broker} broker; scratch dir {work}")
-    phases = measure(args, work, step)
+    phases, warmed = measure(args, work, step)
     aio_phase = phases["aio_concurrent_complete"]
     result = {
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine_info(), "broker": args.broker, "messages": args.messages,
+        "machine": machine_info(), "broker": args.broker, "broker_warm_up": warmed,
+        "messages": args.messages,
         "size": args.size, "concurrency": args.concurrency,
         "phases": {k: p.as_dict() for k, p in phases.items()},
         "target_msg_per_s": TARGET, "target_met": aio_phase.rate >= TARGET,

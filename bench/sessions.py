@@ -567,11 +567,16 @@ def targets(result: dict[str, Any]) -> list[str]:
                          idle["send_end_to_all_accepted_s"][CROWDED], 10, " s", at_most=True)
                  + " (the scanner's progress, as the engine's state topic says; listed "
                  "once after)")
-    lines.append("    what bounds them: the engine's CPU. A session's commands rewrite the "
-                 "chunk of 128 entries of each of its messages, which lie apart in the log, "
-                 "and each key written is a changelog record of its own; every new session "
-                 "adds two keys (its record, with its pending offsets, and its place in the "
-                 "ready index) and a state record")
+    steps, busy = ss["steps"], ss["cpu_cores"]
+    whole = sum(steps[s]["p50_ms"] for s in STEPS)
+    lines.append(f"    what bounds the drain: a receiver's session takes {whole:.0f} ms (p50s), "
+                 f"{steps['lock']['p50_ms']:.1f} ms of them the lock, an engine round trip "
+                 "(the command's append, the engine's read, its batch, its commit record's "
+                 "acknowledgement, the answer's read); the machine's cores are "
+                 f"{sum(busy.values()):.2f} of {result['machine']['cores']} busy (client/engine/"
+                 f"broker {busy.get('client', 0):.2f}/{busy.get('engine', 0):.2f}/"
+                 f"{busy.get('broker', 0):.2f}). A session's commands rewrite the chunk of 128 "
+                 "entries of each of its messages, which lie apart in the log")
     return lines
 
 

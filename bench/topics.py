@@ -59,16 +59,16 @@ from typing import Any
 
 from bench import filters
 from bench.brokers import add_broker_argument, broker_label, broker_pid, new_broker, results_path
-from bench.measure import CpuMeter, Phase, Timed
+from bench.measure import CpuMeter, Phase, Timed, warm_line, warm_up
 from bench.run import (
     IDLE_S,
     LOCK_SECONDS,
     final_check,
     machine_info,
     make_messages,
-    send,
     settle_in_batches,
     wait_for_engine,
+    warm_round,
 )
 from settlement import ServiceBusClient, ServiceBusMessage
 from settlement.exceptions import ServiceBusError
@@ -331,6 +331,7 @@ def render(result: dict[str, Any]) -> str:
         f"subscriptions, SQL filter 'bucket = K' each (a tenth each); drain: {ts['drain']}"
         + (" (one receiver at a time)" if ts["drain"] == "sequential"
            else " (one thread per subscription)"),
+        warm_line(result["broker_warm_up"]),
         "",
     ]
     head = (f"{'figure':<60} {'this project':>14}  {'plain queue same run':>20}  "
@@ -446,10 +447,9 @@ def main(argv: list[str] | None = None) -> int:
                     assert worker.proc is not None
                     step(f"engine ready after {wait_for_engine(client, 'warmup', worker.proc):.1f}s"
                          "; warm-up")
-                    warm = make_messages("w", min(2000, args.messages), args.size)
-                    send(client, "warmup", warm, CHUNK)
-                    settle_in_batches(client, "warmup", [m.message_id for m in warm], BATCH,
-                                      meter)
+                    warmed = warm_up(meter.pids["broker"],
+                                     lambda i: warm_round(client, "warmup", args.size, meter, i),
+                                     step)
                     step(f"plain queue: {args.messages:,} messages")
                     phases |= queue_phases(client, args.messages, args.size, meter)
                     step(f"topic with {BUCKETS} filtered subscriptions")
@@ -464,10 +464,11 @@ def main(argv: list[str] | None = None) -> int:
                          "complete_message each")
                     create_three_subscriptions(admin)
                     phases |= three_subscriptions_phase(client, admin, three, args.size, meter)
+                    warm_figures = warmed.as_dict()
         step("filter evaluations/s (bench.filters), broker stopped")
         result = {
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "machine": machine_info(), "broker": args.broker,
+            "machine": machine_info(), "broker": args.broker, "broker_warm_up": warm_figures,
             "messages": args.messages, "size": args.size,
             "phases": {k: p.as_dict() for k, p in phases.items()},
             "topic_setup_s": round(setup_s, 2),
