@@ -38,6 +38,11 @@ from topics.offsets import log_end_offsets, offset_of, take
 
 log = logging.getLogger(__name__)
 _CACHE_SECONDS = 2.0
+#: a read that began this recently serves a new receiver (``recent=True``):
+#: receivers made one after the other or side by side (a receiver per
+#: session) share a read instead of each waiting for its own (the SDK reads
+#: nothing when it makes one). A name not read yet is always read for.
+_FRESH_S = 0.1
 _KIND = {QueueProperties: "queue", TopicProperties: "topic",
          SubscriptionProperties: "subscription", RuleProperties: "rule",
          NamespaceProperties: "namespace"}
@@ -58,6 +63,8 @@ class EntityRegistry:
         self._topic = names.entities(settings.namespace)
         self._cache: dict[str, Definition] = {}
         self._loaded_at = 0.0
+        #: when the latest read began (monotonic): it holds what was written before
+        self._read_began = float("-inf")
         self._producer: Producer | None = None
         #: the definitions read so far, and the offset to read on from
         self._read_so_far: dict[str, Definition] = {}
@@ -72,8 +79,15 @@ class EntityRegistry:
         self._refresh()
         return copy.deepcopy(self._cache)
 
-    def _refresh(self) -> None:
+    def _refresh(self, fresh_within: float = 0.0) -> None:
+        """Read on, unless a read began after this call, or at most
+        ``fresh_within`` seconds before it (while this waited for the lock,
+        another caller's read may have served it)."""
+        asked = time.monotonic()
         with self._load_lock:
+            if self._read_began >= asked - fresh_within:
+                return
+            began = time.monotonic()
             # One consumer for the registry's life: a new one per read costs
             # a connection and a metadata round trip (10-55 ms), which every
             # new receiver (a session receiver per session) would pay.
@@ -86,6 +100,7 @@ class EntityRegistry:
             if end > self._position:
                 self._read(self._consumer, end)
             self._cache, self._loaded_at = dict(self._read_so_far), time.monotonic()
+            self._read_began = began
 
     def close(self) -> None:
         """Close the registry's consumer (it opens again if used again)."""
@@ -195,30 +210,34 @@ class EntityRegistry:
                 except (ValueError, KeyError, TypeError) as exc:
                     log.warning("ignoring unreadable definition of %r: %s", name, exc)
 
-    def get(self, name: str, *, fresh: bool = False) -> QueueProperties:
-        """A queue's definition."""
+    def get(self, name: str, *, fresh: bool = False, recent: bool = False) -> QueueProperties:
+        """A queue's definition: read on first if ``fresh`` (a read that
+        began within :data:`_FRESH_S` will do if ``recent``)."""
         return self._get(name, QueueProperties, "queue", "create_queue",
-                         f"queue create {name}", fresh)
+                         f"queue create {name}", fresh, recent)
 
     def get_topic(self, name: str, *, fresh: bool = False) -> TopicProperties:
         return self._get(name, TopicProperties, "topic", "create_topic",
-                         f"topic create {name}", fresh)
+                         f"topic create {name}", fresh, False)
 
-    def get_subscription(self, topic: str, subscription: str, *, fresh: bool = False
-                         ) -> SubscriptionProperties:
+    def get_subscription(self, topic: str, subscription: str, *, fresh: bool = False,
+                         recent: bool = False) -> SubscriptionProperties:
         return self._get(names.subscription_path(topic, subscription), SubscriptionProperties,
                          "subscription", "create_subscription",
-                         f"subscription create {topic} {subscription}", fresh)
+                         f"subscription create {topic} {subscription}", fresh, recent)
 
     def get_rule(self, topic: str, subscription: str, rule: str, *, fresh: bool = False
                  ) -> RuleProperties:
         return self._get(names.rule_key(topic, subscription, rule), RuleProperties, "rule",
-                         "create_rule", f"rule create {topic} {subscription} {rule}", fresh)
+                         "create_rule", f"rule create {topic} {subscription} {rule}", fresh,
+                         False)
 
-    def _get(self, key: str, kind: type, what: str, create: str, cli: str, fresh: bool
-             ) -> Any:
-        if fresh or key not in self._cache or self._stale():
+    def _get(self, key: str, kind: type, what: str, create: str, cli: str, fresh: bool,
+             recent: bool) -> Any:
+        if key not in self._cache or self._stale():
             self._refresh()
+        elif fresh:
+            self._refresh(_FRESH_S if recent else 0.0)
         found = self._cache.get(key)
         if isinstance(found, kind):
             return copy.deepcopy(found)  # the caller may change it (update_queue's input)
@@ -256,5 +275,5 @@ class EntityRegistry:
                 raise refused
             raise TimeoutError(f"could not write the definition of {name!r} to {self._topic}"
                                + (f": {errors[0].str()}" if errors else ""))
-        self._loaded_at = 0.0
+        self._loaded_at, self._read_began = 0.0, float("-inf")
         return written[0]

@@ -217,9 +217,9 @@ class ServiceBusClient:
         if names.SUBSCRIPTIONS in name:
             topic, subscription = names.split_subscription_path(name)
             return self._receiver(self._registry.get_subscription(topic, subscription,
-                                                                  fresh=True),
+                                                                  fresh=True, recent=True),
                                   SubscriptionRules(self._registry, topic, subscription), options)
-        return self._receiver(self._registry.get(name, fresh=True), None, options)
+        return self._receiver(self._registry.get(name, fresh=True, recent=True), None, options)
 
     def get_subscription_receiver(self, topic_name: str, subscription_name: str, *,
                                   session_id: str | ServiceBusSessionFilter | None = None,
@@ -237,7 +237,8 @@ class ServiceBusClient:
         options = ReceiverOptions(session_id, sub_queue, receive_mode, max_wait_time,
                                   auto_lock_renewer, prefetch_count, client_identifier)
         self._sign_in()
-        props = self._registry.get_subscription(topic_name, subscription_name, fresh=True)
+        props = self._registry.get_subscription(topic_name, subscription_name, fresh=True,
+                                                recent=True)
         rules = SubscriptionRules(self._registry, topic_name, subscription_name)
         return self._receiver(props, rules, options)
 
