@@ -20,13 +20,21 @@ def test_three_receivers_share_a_queue_without_overlapping_locks(
     # message id -> [(receiver, received_at, released_at or None, delivery_count)]
     deliveries: dict[str, list[tuple[int, float, float | None, int]]] = {}
     completed: dict[str, int] = {}
+    # Every receiver holds its first batch before any settles, so all three
+    # take part however the threads are scheduled (in CI two of them once
+    # drained the 600 before the third's first receive came back).
+    first_batches = threading.Barrier(3)
 
     def work(index: int) -> None:
         receiver = client.get_queue_receiver(queue)
         abandon_turn = 0
+        first = True
         while True:
             batch = receiver.receive_messages(25, max_wait_time=3)
             got_at = time.monotonic()
+            if first:
+                first_batches.wait(timeout=60)
+                first = False
             if not batch:
                 return
             keep = []
