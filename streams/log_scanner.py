@@ -203,6 +203,10 @@ class LogScanner:
                        DeadForwardedArgs(tuple(copied)))
 
     def _item(self, key: str, window: InflightWindow, read: _Read, now: int) -> Item | None:
+        if read.untimed and not (window.duplicate_window_ms or window.default_ttl_ms):
+            # Most records of most windows: no expiry, no schedule, no
+            # duplicate check (ten subscriptions ask it of each record).
+            return None
         headers = read.headers
         enqueued = read.record.timestamp()[1]
         offset = read.offset
@@ -346,7 +350,7 @@ class _Read:
     the same records one after another, so what they look at (the headers,
     the properties their rules see) is parsed once, on first use."""
 
-    __slots__ = ("record", "offset", "_headers", "_view")
+    __slots__ = ("record", "offset", "_headers", "_view", "_untimed")
 
     def __init__(self, record: Message) -> None:
         self.record = record
@@ -354,12 +358,21 @@ class _Read:
         self._headers: ScannedHeaders | None = None
         #: what rules see of it; False: a record that breaks the format
         self._view: MessageView | bool | None = None
+        self._untimed: bool | None = None
 
     @property
     def headers(self) -> ScannedHeaders:
         if self._headers is None:
             self._headers = scanned_headers(self.record.headers())
         return self._headers
+
+    @property
+    def untimed(self) -> bool:
+        """Whether the record has neither a time to live nor a schedule."""
+        if self._untimed is None:
+            headers = self.headers
+            self._untimed = not (headers.time_to_live_ms or headers.scheduled_enqueue_time_ms)
+        return self._untimed
 
     def view(self) -> MessageView | None:
         """What rules see of the record; None when it breaks the format."""

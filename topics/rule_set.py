@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from topics.rules import (
     FilterEvaluationError,
@@ -97,7 +97,13 @@ def selects_everything(specs: tuple[RuleSpec, ...] | list[RuleSpec]) -> bool:
             and specs[0].action is None)
 
 
-def compile_filter_spec(spec: Mapping[str, Any]) -> Any:
+class Filter(Protocol):
+    """A compiled filter of any type."""
+
+    def matches(self, view: MessageView) -> bool: ...
+
+
+def compile_filter_spec(spec: Mapping[str, Any]) -> Filter:
     """An object with ``matches(view) -> bool`` for a stored filter; raises
     :class:`topics.rules.SqlSyntaxError` for invalid SQL."""
     kind = spec.get("type")
@@ -141,6 +147,8 @@ class RuleSet:
         this of every message for every subscription); None when a filter
         failed on it: :meth:`evaluate` then says which and why."""
         try:
+            if len(self._filters) == 1:  # most subscriptions: one rule
+                return self._filters[0][1].matches(view)
             return any([compiled.matches(view) for _, compiled in self._filters])
         except FilterEvaluationError:
             return None
