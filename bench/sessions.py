@@ -539,10 +539,16 @@ def render(result: dict[str, Any]) -> str:
 def _judged(what: str, measured: float, goal: float, unit: str, *, at_most: bool = False
             ) -> str:
     met = measured <= goal if at_most else measured >= goal
-    verdict = "met" if met else (f"MISSED: {measured / goal:.2f}x the limit" if at_most
-                                 else f"MISSED: {measured / goal:.0%} of it")
+    share = measured / goal
+    verdict = "met" if met else (f"MISSED: {share:.2f}x the limit" if at_most
+                                 else f"MISSED: {share:.1%} of it" if share > 0.99
+                                 else f"MISSED: {share:.0%} of it")
     sign = "<=" if at_most else ">="
     return f"  {what} {sign} {goal:,.0f}{unit}: {measured:,.1f}{unit} -> {verdict}"
+
+
+#: the sessions of issue 25's "<= 2 MB on disk after sending 2,000 sessions x 10"
+SESSIONS_PER_2_MB = 2_000
 
 
 def targets(result: dict[str, Any]) -> list[str]:
@@ -558,7 +564,10 @@ def targets(result: dict[str, Any]) -> list[str]:
              _judged("drained", ss["messages"] / ss["seconds"], 2000, " msg/s"),
              _judged("sessions drained", ss["sessions_per_s"], 200, " /s"),
              _judged("keys per session after sending", keys, 3, "", at_most=True),
-             _judged("engine tables grown by sending them", disk, 2, " MB", at_most=True)]
+             # the issue's 2 MB is for 2,000 sessions: state that grows with
+             # the sessions, not their messages, may grow as many times more
+             _judged(f"engine tables grown by sending them (2 MB per {SESSIONS_PER_2_MB:,} "
+                     "sessions)", disk, 2 * sessions / SESSIONS_PER_2_MB, " MB", at_most=True)]
     if sessions >= 10_000:
         lines.append(_judged(f"{sessions:,} sessions drained in", ss["seconds"], 120, " s",
                              at_most=True))
