@@ -85,8 +85,6 @@ class LogScanner:
         self._recent: dict[tuple[str, int], list[_Read]] = {}
         #: window key -> message id -> (offset, enqueued ms), oldest first
         self._seen: dict[str, OrderedDict[str, tuple[int, int]]] = {}
-        #: window key -> (accepted up to, when sent): an accept not yet applied
-        self._sent: dict[str, tuple[int, float]] = {}
         #: window key -> (its log partition, where its last scan found the
         #: log's end): until the log grows, passed over without loading it
         self._at_end: dict[str, tuple[tuple[str, int], int]] = {}
@@ -118,7 +116,6 @@ class LogScanner:
         with self._lock:
             self._at_end.clear()
             self._seen.clear()
-            self._sent.clear()
             self._dead_sent.clear()
             self._positions.clear()
             self._recent.clear()
@@ -126,13 +123,14 @@ class LogScanner:
     def _scan(self, window: InflightWindow) -> Command | None:
         assert window.scanned is not None
         key = f"{window.entity}#{window.partition}"
+        # Each scan goes on from where the window stands: the accepts of the
+        # last pass were applied before this one began (scan_timer awaits
+        # them). An accept that was not (its partition's time unknown, the
+        # window moved) is scanned again at once; going on from where it
+        # ended instead refused every accept after it until that was noticed
+        # (5 s): a stall of that shape kept subscriptions waiting 6-24 s in
+        # one bench-topics run of about twenty (2026-11-27, not reproduced).
         start = window.scanned
-        sent = self._sent.get(key)
-        if sent is not None and sent[0] > start and time.monotonic() - sent[1] < 5:
-            # Accepts of a window reach the agent in order, so scanning goes on
-            # from where the last one (not applied yet) ends; one that got lost
-            # is noticed after 5 s and the window's own position is used again.
-            start = sent[0]
         tp = (names.entity_log(self._settings.namespace, window.entity), window.partition)
         if window.duplicate_window_ms and key not in self._seen:
             self._rebuild_history(key, tp, window)
@@ -180,7 +178,6 @@ class LogScanner:
         if to_forward:
             assert window.forward_to is not None
             items += self._forwarder.forward(to_forward, window.forward_to)
-        self._sent[key] = (end, time.monotonic())
         return Command(f"accept-{uuid.uuid4().hex}", window.entity, window.partition,
                        AcceptArgs(start, end, tuple(items), tuple(left_out)))
 
@@ -327,7 +324,6 @@ class LogScanner:
                     self._recent.pop(tp, None)
             self._at_end.pop(key, None)
             self._seen.pop(key, None)
-            self._sent.pop(key, None)
 
     def close(self) -> None:
         self._forwarder.close()
