@@ -127,12 +127,12 @@ def window_partition(window_key: str) -> int:
 
 
 #: RocksDB options of both tables. The engine's state is small and rewritten
-#: all the time (a window's entries, headers and indexes), and RocksDB keeps
-#: every write since its last memtable flush in its write-ahead log: with
-#: Faust's 64 MB write buffers, sending 2,000 sessions of ten grew the data
-#: directory by 16.5 MB (130 MB after 100,000 idle sessions) for about 1 MB
-#: of keys. 1 MB buffers flush that often instead: 2.0 MB (13.6 MB), the
-#: same throughput (bench/sessions.py, bench/run.py).
+#: all the time (a window's entries, headers and indexes): with Faust's 64 MB
+#: write buffers, sending 2,000 sessions of ten grew the data directory by
+#: 16.5 MB (130 MB after 100,000 idle sessions; most of it the write-ahead
+#: log, which the engine no longer writes: streams/table_store.py) for about
+#: 1 MB of keys. 1 MB buffers flush that often instead, and what a killed
+#: worker had not flushed, read again from the changelog, stays small.
 _ROCKSDB = {"write_buffer_size": 1 << 20}
 
 #: entity#partition -> a window's header (:meth:`streams.window.InflightWindow.to_bytes`),
