@@ -3,8 +3,11 @@ dead letters) to the queue or topic named by ``forward_to`` (or
 ``forward_dead_lettered_messages_to``).
 
 A copy keeps the record's key, body and headers and counts its hops in
-``transfer-hop-count``. A message that has already made ``MAX_HOPS`` hops, or
-whose target does not exist, is not copied: the caller moves it to the
+``transfer-hop-count``; a subscription's copy carries the application
+properties its matching rules' actions made (as Service Bus applies a rule's
+action when it evaluates the rule, the copy's receivers see them). A
+message that has already made ``MAX_HOPS`` hops, or whose target does not
+exist, is not copied: the caller moves it to the
 transfer dead-letter sub-queue. Copies are acknowledged by Kafka before the
 source is marked forwarded; a crash between the two can forward a message
 twice, so a target that must not see duplicates turns duplicate detection on.
@@ -12,8 +15,10 @@ twice, so a target that must not see duplicates turns duplicate detection on.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
+from typing import Any
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -21,9 +26,10 @@ from confluent_kafka.admin import AdminClient
 from streams.acceptance import FORWARDED, MAX_HOPS, TARGET_MISSING, TOO_MANY_HOPS, Item
 from topics import names
 from topics.connection import ConnectionSettings
-from topics.message_record import forwarded_headers, hop_count
+from topics.message_record import RecordTooLarge, forwarded_headers, hop_count
 from topics.offsets import offset_of, take
 
+log = logging.getLogger(__name__)
 _TARGETS_TTL = 5.0
 
 
@@ -42,8 +48,12 @@ class Forwarder:
         self._topics: set[str] = set()
         self._topics_at = 0.0
 
-    def forward(self, records: list[Message], target: str) -> list[Item]:
-        """Copy ``records`` to ``target``; an accept item per record."""
+    def forward(self, records: list[Message], target: str,
+                actioned: dict[int, dict[str, Any]] | None = None) -> list[Item]:
+        """Copy ``records`` to ``target``; an accept item per record.
+        ``actioned``: offset -> the application properties its copy carries
+        instead of the record's (what rule actions made of them)."""
+        actioned = actioned or {}
         topic = self._target_log(target)
         if topic is None:
             return [Item(offset_of(r), mark=TARGET_MISSING) for r in records]
@@ -53,7 +63,7 @@ class Forwarder:
             if hops >= MAX_HOPS:
                 items.append(Item(offset_of(record), mark=TOO_MANY_HOPS))
                 continue
-            self._copy(record, topic, hops + 1)
+            self._copy(record, topic, hops + 1, properties=actioned.get(offset_of(record)))
             items.append(Item(offset_of(record), mark=FORWARDED))
         self._flush(topic)
         return items
@@ -77,8 +87,16 @@ class Forwarder:
         return copied
 
     def _copy(self, record: Message, topic: str, hops: int,
-              extra_properties: dict[str, str | None] | None = None) -> None:
-        headers = forwarded_headers(record.headers(), hops, extra_properties)
+              extra_properties: dict[str, str | None] | None = None,
+              properties: dict[str, Any] | None = None) -> None:
+        try:
+            headers = forwarded_headers(record.headers(), hops, extra_properties, properties)
+        except (RecordTooLarge, TypeError) as exc:
+            # an action made a property a record cannot carry: the copy
+            # keeps the message's own properties
+            log.warning("forwarding offset %d to %s without its rule actions: %s",
+                        offset_of(record), topic, exc)
+            headers = forwarded_headers(record.headers(), hops, extra_properties)
         self._producer.produce(topic, record.value(), key=record.key(), headers=headers)
         self._producer.poll(0)
 

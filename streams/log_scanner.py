@@ -23,6 +23,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
@@ -142,6 +143,8 @@ class LogScanner:
             return None
         now = int(time.time() * 1000)
         items, to_forward = [], []
+        #: offset -> what the rule actions made of a forwarded record's properties
+        actioned: dict[int, dict[str, Any]] = {}
         rules = self._definitions().rules(window.entity)
         found = self._definitions().policy(window.entity)
         dead_letter_errors = found is not None and found[1].dead_letter_filter_errors
@@ -159,6 +162,8 @@ class LogScanner:
                     continue
             if window.forward_to and (item is None or item.mark == PLAIN):
                 to_forward.append(read.record)  # the target applies time to live and schedule
+                if rules is not None and rules.has_actions:
+                    _note_actions(rules, read, actioned)
                 continue
             if window.requires_session and (item is None or item.mark == PLAIN):
                 item = _in_session(read, item or Item(read.offset), partitions)
@@ -177,7 +182,7 @@ class LogScanner:
                 break
         if to_forward:
             assert window.forward_to is not None
-            items += self._forwarder.forward(to_forward, window.forward_to)
+            items += self._forwarder.forward(to_forward, window.forward_to, actioned)
         return Command(f"accept-{uuid.uuid4().hex}", window.entity, window.partition,
                        AcceptArgs(start, end, tuple(items), tuple(left_out)))
 
@@ -406,6 +411,19 @@ def _filtered(rules: RuleSet, read: _Read, item: Item | None,
     if not verdict.matched:
         return Item(offset, mark=FILTERED, error=error)
     return replace(item or Item(offset), error=error)
+
+
+def _note_actions(rules: RuleSet, read: _Read, actioned: dict[int, dict[str, Any]]) -> None:
+    """What the actions of the rules that select ``read`` make of its
+    application properties, under its offset in ``actioned`` (nothing when
+    no rule with an action selects it): a forwarded copy carries them, as
+    Service Bus applies a rule's action when it evaluates the rule."""
+    view = read.view()
+    if view is None:
+        return
+    verdict = rules.evaluate(view)
+    if verdict.actions:
+        actioned[read.offset] = rules.apply_actions(view, verdict.actions)
 
 
 def _in_session(read: _Read, item: Item, partitions: int) -> Item:

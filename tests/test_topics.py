@@ -11,7 +11,12 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from settlement import (
+    ServiceBusClient,
+    ServiceBusMessage,
+    ServiceBusReceivedMessage,
+    ServiceBusSubQueue,
+)
 from settlement.exceptions import MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError
 from settlement.management import (
     CorrelationRuleFilter,
@@ -255,6 +260,17 @@ def test_a_rule_action_changes_the_properties_of_its_subscriptions_copy_only(
     assert plain[0].application_properties == {"amount": 500, "internal": "secret"}
 
 
+def _first_arrivals(client: ServiceBusClient, queue: str) -> list[ServiceBusReceivedMessage]:
+    """The first messages to arrive on ``queue`` within 20 s, completed."""
+    got: list[ServiceBusReceivedMessage] = []
+    with client.get_queue_receiver(queue) as receiver:
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            got = receiver.receive_messages(10, max_wait_time=2)
+        receiver.complete_messages(got)
+    return got
+
+
 def test_a_subscription_forwards_to_a_queue(
         client: ServiceBusClient, admin: ServiceBusAdministrationClient, topic: str,
         subscribe: Subscribe, queue_name: str) -> None:
@@ -262,13 +278,30 @@ def test_a_subscription_forwards_to_a_queue(
     admin.create_queue(target)
     subscribe("fwd", RuleProperties("eu", SqlRuleFilter("region = 'eu'")), forward_to=target)
     _publish(client, topic, _order(0, "eu", 1), _order(1, "us", 1))
-    got = []
-    with client.get_queue_receiver(target) as receiver:
-        deadline = time.monotonic() + 20
-        while not got and time.monotonic() < deadline:
-            got = receiver.receive_messages(10, max_wait_time=2)
-        receiver.complete_messages(got)
+    got = _first_arrivals(client, target)
     assert [m.message_id for m in got] == ["o0"]
+
+
+def test_a_forwarded_copy_carries_the_actions_of_the_rule_that_selected_it(
+        client: ServiceBusClient, admin: ServiceBusAdministrationClient, topic: str,
+        subscribe: Subscribe, queue_name: str) -> None:
+    """Service Bus applies a rule's action when it evaluates the rule: a
+    subscription that forwards hands the target the properties as the
+    action left them (the target's receivers know nothing of its rules)."""
+    target = f"{queue_name}-actioned"
+    admin.create_queue(target)
+    subscribe("fwd", RuleProperties("eu", SqlRuleFilter("region = 'eu'"),
+                                    SqlRuleAction("SET tier = 'gold'; REMOVE internal")),
+              forward_to=target)
+    eu = ServiceBusMessage("order 0", message_id="o0", application_properties={
+        "region": "eu", "amount": 1, "internal": "secret"})
+    _publish(client, topic, eu, _order(1, "us", 1))
+    got = _first_arrivals(client, target)
+    assert [m.message_id for m in got] == ["o0"]
+    properties = dict(got[0].application_properties or {})
+    assert properties["tier"] == "gold"
+    assert "internal" not in properties
+    assert properties["region"] == "eu"
 
 
 def test_a_subscription_receiver_has_every_queue_receiver_feature(

@@ -313,10 +313,18 @@ def hop_count(headers: Headers) -> int:
 
 
 def forwarded_headers(headers: Headers, hops: int,
-                      extra_properties: dict[str, str | None] | None = None) -> HeaderList:
-    """The headers of a forwarded copy: ``hops`` counted, and ``extra_properties``
-    (a dead letter's reason and description) added to its application properties."""
+                      extra_properties: dict[str, str | None] | None = None,
+                      properties: dict[str, Any] | None = None) -> HeaderList:
+    """The headers of a forwarded copy: ``hops`` counted, ``properties``
+    (what a subscription's rule actions made of them) as its application
+    properties, and ``extra_properties`` (a dead letter's reason and
+    description) added to them. RecordTooLarge when ``properties`` pass the
+    limits."""
     copied: HeaderList = [(k, v) for k, v in _pairs(headers) if k != HOP_COUNT]
+    if properties is not None:
+        copied = [(k, v) for k, v in copied if k != APPLICATION_PROPERTIES]
+        if properties:
+            copied.append((APPLICATION_PROPERTIES, _properties_json(properties)))
     if extra_properties:
         copied = _with_properties(copied, extra_properties)
     copied.append((HOP_COUNT, str(hops).encode()))
