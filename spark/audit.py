@@ -42,7 +42,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark.records import parse_states, read_entity_logs, read_events
+from spark.records import parse_states, read_entity_logs, read_events, subscription_begins
 from spark.source import read_kafka
 from topics import names
 from topics.connection import ConnectionSettings, parse_connection_string
@@ -172,7 +172,10 @@ def run_audit(spark: SparkSession, connection_string: str, entities: list[str], 
     freshness = last_event.toPandas()
     starts = _log_starts(settings, [(s.entity, int(s.partition))
                                     for s in states.itertuples(index=False)])
-    return _judge(messages, states, freshness, starts, int(time.time() * 1000), grace_ms)
+    begins = {(entity, partition): offset
+              for entity, partition, offset in subscription_begins(spark, settings, entities)}
+    return _judge(messages, states, freshness, starts, int(time.time() * 1000), grace_ms,
+                  begins=begins)
 
 
 def _log_starts(settings: ConnectionSettings,
@@ -188,7 +191,11 @@ def _log_starts(settings: ConnectionSettings,
 
 
 def _judge(messages: pd.DataFrame, states: pd.DataFrame, freshness: pd.DataFrame,
-           log_starts: dict[tuple[str, int], int], now: int, grace_ms: int) -> AuditReport:
+           log_starts: dict[tuple[str, int], int], now: int, grace_ms: int, *,
+           begins: dict[tuple[str, int], int] | None = None) -> AuditReport:
+    """``begins``: where each subscription's window began in its topic's log
+    (a queue's begins at 0): what was trimmed below that was never its."""
+    begins = begins or {}
     report = AuditReport(windows=len(states))
     found = report.findings
     trimmed_seen: dict[tuple[str, int], int] = {}  # offsets below the log start events name
@@ -206,9 +213,10 @@ def _judge(messages: pd.DataFrame, states: pd.DataFrame, freshness: pd.DataFrame
             found["double"].append({**where, "settled_by_commands": int(row.settled_by)})
         if row.locked and row.lock_ends and row.lock_ends + grace_ms < now:
             found["stuck"].append({**where, "lock_ended_ms_ago": int(now - row.lock_ends)})
-    for (entity, partition), start in log_starts.items():  # trimmed, yet no event named it
-        unnamed = start - trimmed_seen.get((entity, partition), 0)
-        if unnamed:
+    for window, start in log_starts.items():  # trimmed, yet no event named it
+        entity, partition = window
+        unnamed = max(0, start - begins.get(window, 0)) - trimmed_seen.get(window, 0)
+        if unnamed > 0:
             found["lost"].append({"entity": entity, "partition": partition,
                                   "trimmed_without_events": unnamed})
     last_ts = {(r.entity, int(r.partition)): int(r.last_ts)

@@ -90,7 +90,7 @@ def read_entity_logs(spark: SparkSession, settings: ConnectionSettings,
     owners = spark.createDataFrame([(topic, entity) for entity, topic in logs.items()],
                                    "topic string, entity string")
     rows = raw.join(F.broadcast(owners), "topic")
-    begins = _subscription_begins(spark, settings, entities)
+    begins = subscription_begins(spark, settings, entities)
     if not begins:
         return rows
     begin = spark.createDataFrame(begins, "entity string, partition int, begin long")
@@ -99,8 +99,8 @@ def read_entity_logs(spark: SparkSession, settings: ConnectionSettings,
             .drop("begin"))
 
 
-def _subscription_begins(spark: SparkSession, settings: ConnectionSettings,
-                         entities: list[str]) -> list[tuple[str, int, int]]:
+def subscription_begins(spark: SparkSession, settings: ConnectionSettings,
+                        entities: list[str]) -> list[tuple[str, int, int]]:
     """``(subscription, partition, first offset)`` of the subscriptions among
     ``entities``, from their definitions' latest records on the entities topic."""
     wanted = sorted(e for e in entities if names.SUBSCRIPTIONS in e)

@@ -1,13 +1,15 @@
 """Advances the start of entity logs past what is settled (DeleteRecords), so
-a queue's disk use follows its backlog, not its history.
+a queue's or a topic's disk use follows its backlog, not its history.
 
 Entity logs keep everything (``retention.ms=-1``): no time-based retention may
 delete an unsettled message. Instead, every few seconds, this timer moves the
-log start of each entity partition this worker owns up to the oldest offset
-still needed: not yet settled, locked, parked (deferred, dead-lettered,
-scheduled), or inside the duplicate-detection window, whose history is read
-back from the log after a restart. Nothing below that offset can be
-delivered, peeked or fetched by sequence number again.
+log start of each entity partition this worker owns (a topic's partition:
+where it holds the windows of all the topic's subscriptions) up to the
+oldest offset still needed (by any of them): not yet settled, locked,
+parked (deferred, dead-lettered, scheduled), or inside the
+duplicate-detection window, whose history is read back from the log after
+a restart. Nothing below that offset can be delivered, peeked or fetched by
+sequence number again.
 
 It trims to where that offset stood :data:`GRACE_S` ago, not to where it is
 now: a message received in receive-and-delete mode is settled the moment the
@@ -18,7 +20,8 @@ its first batch: they were deleted between the answer and the read.)
 Only brokers that implement DeleteRecords do this (Apache Kafka; the
 embedded broker does not: :mod:`topics.broker_profile`). Deleting is
 idempotent and only ever moves forward, so a second worker that still sees a
-window it no longer owns does no harm.
+window it no longer owns does no harm (a window's oldest needed offset only
+grows: an old copy of it trims less, never more).
 """
 
 from __future__ import annotations
@@ -33,9 +36,10 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from streams.app import app, headers, settings
+from streams.command_agent import definitions
 from streams.window import InflightWindow
 from topics import names
-from topics.entities import NAMESPACE_KEY
+from topics.entities import NAMESPACE_KEY, SubscriptionProperties
 
 log = logging.getLogger(__name__)
 TRIM_INTERVAL_S = 5.0
@@ -53,23 +57,20 @@ class LogTrimmer:
         #: per log: (when, oldest offset needed then), oldest first
         self._needed: dict[tuple[str, int], deque[tuple[float, int]]] = {}
 
-    def trim(self, stored: list[bytes]) -> None:
+    def trim(self, stored: list[bytes], subscriptions: dict[str, list[str]]) -> None:
         """Trim the logs of these stored windows as far as each allowed
-        :data:`GRACE_S` ago."""
+        :data:`GRACE_S` ago; ``subscriptions``: each topic's subscriptions
+        (their entity paths), as defined now."""
         wanted: dict[tuple[str, int], int] = {}
         now = time.monotonic()
-        # A topic's log is shared by its subscriptions, whose windows may live
-        # on other workers: it is not trimmed (see the README's limits).
-        # The namespace's own window ($namespace) has no log.
-        current = {(names.entity_log(settings.namespace, w.entity), w.partition): w
-                   for w in map(InflightWindow.from_header, stored)
-                   if names.SUBSCRIPTIONS not in w.entity and w.entity != NAMESPACE_KEY}
+        current = self._needed_now(list(map(InflightWindow.from_header, stored)),
+                                   subscriptions)
         for gone in set(self._needed) - set(current):  # deleted queues, windows moved away
             del self._needed[gone]
             self._trimmed.pop(gone, None)
-        for tp, window in current.items():
+        for tp, keep_now in current.items():
             needed = self._needed.setdefault(tp, deque())
-            needed.append((now, self._keep_from(window, tp)))
+            needed.append((now, keep_now))
             keep = None
             while needed and needed[0][0] <= now - GRACE_S:
                 keep = needed.popleft()[1]
@@ -93,6 +94,34 @@ class LogTrimmer:
             self._trimmed[tp] = request.offset
             log.debug("log start of %s[%d] is now %d", *tp, request.offset)
 
+    def _needed_now(self, windows: list[InflightWindow], subscriptions: dict[str, list[str]]
+                    ) -> dict[tuple[str, int], int]:
+        """Per log partition of these windows, the oldest offset needed now.
+        A queue's window says it alone. A topic's log is shared by its
+        subscriptions, whose windows may live on other workers: its partition
+        is trimmed only where this worker holds the window of every
+        subscription the topic has, to the oldest offset any of them needs
+        (one not among them, or a subscription with no window yet, keeps
+        the whole partition). The namespace's own window has no log."""
+        queues = [w for w in windows
+                  if names.SUBSCRIPTIONS not in w.entity and w.entity != NAMESPACE_KEY]
+        needed = {(names.entity_log(settings.namespace, w.entity), w.partition): w
+                  for w in queues}
+        keep = {tp: self._keep_from(w, tp) for tp, w in needed.items()}
+        #: subscription -> partition -> its window held here
+        held: dict[str, dict[int, InflightWindow]] = {}
+        for w in windows:
+            if names.SUBSCRIPTIONS in w.entity:
+                held.setdefault(w.entity, {})[w.partition] = w
+        for topic, paths in subscriptions.items():
+            each = [held.get(path, {}) for path in paths]
+            for partition in set().union(*each):
+                here = [by_partition.get(partition) for by_partition in each]
+                if all(w is not None for w in here):
+                    tp = (names.topic_log(settings.namespace, topic), partition)
+                    keep[tp] = min(self._keep_from(w, tp) for w in here if w is not None)
+        return keep
+
     def _keep_from(self, window: InflightWindow, tp: tuple[str, int]) -> int:
         keep = window.retained
         if window.duplicate_window_ms:
@@ -110,6 +139,15 @@ if settings.profile.deletes_records:
     async def trim_entity_logs() -> None:
         stored = [raw for raw in list(headers.values()) if raw]
         try:
-            await asyncio.to_thread(_trimmer.trim, stored)
+            await asyncio.to_thread(_trimmer.trim, stored, _subscriptions())
         except Exception:  # never let trimming stop the engine; the next pass retries
             log.exception("trimming entity logs failed")
+
+
+def _subscriptions() -> dict[str, list[str]]:
+    """Each topic's subscriptions (entity paths), as defined now."""
+    found: dict[str, list[str]] = {}
+    for path, definition in definitions().entities().items():
+        if isinstance(definition, SubscriptionProperties):
+            found.setdefault(definition.topic_name, []).append(path)
+    return found

@@ -19,13 +19,14 @@ def _messages(rows: list[tuple[int, str, bool]]) -> pd.DataFrame:
                          for o, state, in_log in rows])
 
 
-def _judge_with_start(rows: list[tuple[int, str, bool]], log_start: int) -> dict:
+def _judge_with_start(rows: list[tuple[int, str, bool]], log_start: int,
+                      begin: int = 0) -> dict:
     active = sum(1 for _, state, in_log in rows if state == "active" and in_log)
     states = pd.DataFrame([{"entity": "q", "partition": 0, "start": log_start, "hw": 10,
                             "ts": 2, **{g: 0 for g in GAUGES}, "active": active}])
     freshness = pd.DataFrame([{"entity": "q", "partition": 0, "last_ts": 1}])
     report = _judge(_messages(rows), states, freshness, {("q", 0): log_start}, now=10,
-                    grace_ms=0)
+                    grace_ms=0, begins={("q", 0): begin})
     return {"ok": report.ok, "messages": report.messages, **report.findings}
 
 
@@ -46,3 +47,12 @@ def test_trimmed_offsets_no_event_names_are_lost() -> None:
     rows = [(2, "settled", False), (3, "active", True)]
     found = _judge_with_start(rows, log_start=3)  # offsets 0 and 1: no events at all
     assert {"entity": "q", "partition": 0, "trimmed_without_events": 2} in found["lost"]
+
+
+def test_a_subscriptions_trimmed_offsets_count_from_where_it_began() -> None:
+    # Offsets 0-2 were published before the subscription began at 3: no event
+    # of it names them, and trimming them lost nothing of it.
+    rows = [(3, "settled", False), (4, "active", True)]
+    assert _judge_with_start(rows, log_start=4, begin=3)["ok"]
+    assert {"entity": "q", "partition": 0, "trimmed_without_events": 1} in (
+        _judge_with_start([(4, "active", True)], log_start=4, begin=3)["lost"])

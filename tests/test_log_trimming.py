@@ -1,6 +1,6 @@
 """The log start of an entity partition follows its oldest unsettled message
-(DeleteRecords), so a queue's disk use follows its backlog, not its history;
-nothing unsettled is ever deleted."""
+(DeleteRecords), so a queue's or topic's disk use follows its backlog, not its
+history; nothing unsettled is ever deleted."""
 
 from __future__ import annotations
 
@@ -15,18 +15,18 @@ from tests.helpers import receive_exactly
 from topics import names
 
 
-def log_start(client: ServiceBusClient, queue: str) -> int:
+def log_start(client: ServiceBusClient, log: str) -> int:
+    """The start of partition 0 of the Kafka topic ``log``."""
     consumer = Consumer(client.settings.consumer_config("trim-check"))
     try:
-        topic = names.entity_log(client.settings.namespace, queue)
-        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[0]
+        return consumer.get_watermark_offsets(TopicPartition(log, 0), timeout=10)[0]
     finally:
         consumer.close()
 
 
-def wait_for_log_start(client: ServiceBusClient, queue: str, expected: int) -> None:
+def wait_for_log_start(client: ServiceBusClient, log: str, expected: int) -> None:
     deadline = time.monotonic() + 45  # every 5 s, to where it could 10 s before
-    while (start := log_start(client, queue)) != expected and time.monotonic() < deadline:
+    while (start := log_start(client, log)) != expected and time.monotonic() < deadline:
         time.sleep(0.5)
     assert start == expected
 
@@ -38,6 +38,7 @@ def test_log_start_advances_to_the_oldest_message_still_needed(
     # to trim, and must not stop the trimming of the others.
     admin.update_namespace_properties(max_commands_per_second=None)
     queue = make_queue(lock_duration=30)
+    log = names.entity_log(client.settings.namespace, queue)
     with client.get_queue_sender(queue) as sender:
         sender.send_messages([ServiceBusMessage(f"m{i}", message_id=str(i)) for i in range(20)])
     with client.get_queue_receiver(queue) as receiver:
@@ -48,18 +49,18 @@ def test_log_start_advances_to_the_oldest_message_still_needed(
         receiver.complete_messages(first[6:10])
         receiver.defer_message(first[10])
         receiver.complete_messages(first[11:])
-        wait_for_log_start(client, queue, 5)  # the dead letter at offset 5 holds it
+        wait_for_log_start(client, log, 5)  # the dead letter at offset 5 holds it
 
         with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
             dead = receive_exactly(dlq, 1)
             assert dead[0].message_id == "5" and dead[0].dead_letter_reason == "Bad"
             dlq.complete_message(dead[0])
-        wait_for_log_start(client, queue, 10)  # now the deferred message at offset 10
+        wait_for_log_start(client, log, 10)  # now the deferred message at offset 10
 
         deferred = receiver.receive_deferred_messages([first[10].sequence_number])
         assert [m.message_id for m in deferred] == ["10"]
         receiver.complete_message(deferred[0])
-    wait_for_log_start(client, queue, 20)  # all settled: the log holds nothing
+    wait_for_log_start(client, log, 20)  # all settled: the log holds nothing
 
     with client.get_queue_sender(queue) as sender:  # and the queue goes on from there
         sender.send_messages(ServiceBusMessage("after", message_id="20"))
@@ -67,3 +68,25 @@ def test_log_start_advances_to_the_oldest_message_still_needed(
         again = receive_exactly(receiver, 1)
         assert again[0].message_id == "20" and again[0].delivery_count == 0
         receiver.complete_message(again[0])
+
+
+def test_a_topics_log_start_moves_once_every_subscription_settled_past_it(
+        client: ServiceBusClient, admin: ServiceBusAdministrationClient,
+        queue_name: str) -> None:
+    """A topic's log is shared: it is trimmed to the oldest offset any of its
+    subscriptions still needs, never past what one of them has not settled."""
+    topic = queue_name
+    admin.create_topic(topic)
+    for subscription in ("a", "b"):
+        admin.create_subscription(topic, subscription, lock_duration=30)
+    log = names.topic_log(client.settings.namespace, topic)
+    with client.get_topic_sender(topic) as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}", message_id=str(i)) for i in range(10)])
+    with client.get_subscription_receiver(topic, "a") as a:
+        a.complete_messages(receive_exactly(a, 10))
+    with client.get_subscription_receiver(topic, "b") as b:
+        got = receive_exactly(b, 10)
+        b.complete_messages(got[:4])
+        wait_for_log_start(client, log, 4)  # b has not settled offset 4
+        b.complete_messages(got[4:])
+    wait_for_log_start(client, log, 10)  # every subscription settled everything
