@@ -5,7 +5,9 @@ dead-lettered, scheduled, cancelled) has an :class:`Entry`; an offset without
 one below ``next`` is settled. Entries live in chunks of :data:`CHUNK`
 consecutive offsets, one key each, so a command rewrites only the chunks it
 touched, and a queue holding a million dead letters costs its commands no more
-than an empty one. Sub-queues (available for redelivery, dead-lettered,
+than an empty one. (A session message waiting in its session is an entry to
+the code, but its chunk stores it in a run of its session's queued offsets:
+:class:`_Chunk`.) Sub-queues (available for redelivery, dead-lettered,
 transfer dead-lettered, deferred, scheduled) have their own ordered index
 chunks, so receiving from a dead-letter queue reads its first chunk instead of
 walking everything; per-state counts are kept as entries change.
@@ -30,6 +32,7 @@ from streams.states import (
     DEAD_LOCKED,
     DEFERRED,
     DEFERRED_LOCKED,
+    QUEUED,
     SCHEDULED,
     TRANSFER_DEAD,
     TRANSFER_DEAD_LOCKED,
@@ -260,6 +263,26 @@ class Entries:
 #: a chunk's fields of an entry whose texts are apart: the nine of
 #: :meth:`Entry.encode`, then a marker
 _APART_AT = 9
+#: a chunk's key (not an offset) of its queued session messages
+_QUEUED = "q"
+
+
+def _plainly_queued(entry: Entry) -> bool:
+    """A session message waiting for its first delivery, known by nothing
+    but its session: kept in its chunk's runs, not as an entry of its own."""
+    return (entry.state == QUEUED and entry.session is not None
+            and entry == Entry(QUEUED, session=entry.session))
+
+
+def _runs(offsets: tuple[int, ...]) -> list[int]:
+    """Sorted ``offsets`` as ``[first, end, first, end, ...]``."""
+    runs: list[int] = []
+    for offset in offsets:
+        if runs and runs[-1] == offset:
+            runs[-1] = offset + 1
+        else:
+            runs += [offset, offset + 1]
+    return runs
 
 
 class _Chunk:
@@ -272,22 +295,34 @@ class _Chunk:
     took 70 µs, and a session's settlement rewrote the ten chunks its
     messages lie in; joining the kept pieces takes 15). A chunk written for
     the first time, mostly new (a receive locking a thousand), is dumped
-    whole: that is three times cheaper per entry than a piece each."""
+    whole: that is three times cheaper per entry than a piece each.
+
+    Queued session messages (the most a session queue holds: everything its
+    receivers have not reached) have no entry each: the chunk keeps, under
+    ``"q"``, each session's queued offsets as runs, so a session of 100,000
+    waiting messages costs its chunks a few bytes each, not 47 a message."""
 
     #: stored chunk -> its parsed fields, the JSON of those entries whose JSON
-    #: is known, and whether it was dumped whole, for the chunks read or
-    #: written last: the next command on a window reads back what the one
-    #: before wrote
-    _parsed: dict[bytes, tuple[dict[str, list[object]], dict[str, str], bool]] = {}
+    #: is known, whether it was dumped whole, and its queued offsets per
+    #: session with the JSON of each, for the chunks read or written last:
+    #: the next command on a window reads back what the one before wrote
+    _parsed: dict[bytes, _Parsed] = {}
     _PARSED_MAX = 512
 
     def __init__(self, fields: dict[str, list[object]], pieces: dict[str, str],
-                 dumped_whole: bool = False) -> None:
+                 dumped_whole: bool = False, queued: dict[str, tuple[int, ...]] | None = None,
+                 queued_pieces: dict[str, str] | None = None) -> None:
         self._fields = fields
         #: offset -> the JSON of its fields, where known
         self._pieces = pieces
         #: it was last written whole: written again, it is worth its pieces
         self._dumped_whole = dumped_whole
+        #: session -> its queued offsets here, sorted (tuples: shared with
+        #: the parsed copy, replaced rather than changed)
+        self._queued = queued if queued is not None else {}
+        #: session -> the JSON of its runs, where known
+        self._queued_pieces = queued_pieces if queued_pieces is not None else {}
+        self._queued_at: dict[int, str] | None = None
         self._entries: dict[int, Entry] = {}
         self._sorted: list[int] | None = None
 
@@ -297,14 +332,19 @@ class _Chunk:
             return cls({}, {})
         cached = cls._parsed.pop(raw, None)  # and back, as the newest
         if cached is None:
-            cached = (json.loads(raw), {}, False)
+            fields = json.loads(raw)
+            runs = fields.pop(_QUEUED, {})
+            queued = {session: tuple(o for first, end in zip(r[::2], r[1::2], strict=True)
+                                     for o in range(first, end))
+                      for session, r in runs.items()}
+            cached = (fields, {}, False, queued, {})
         cls._remember(raw, cached)
         # copies: this one changes, the cached ones must not
-        return cls(dict(cached[0]), dict(cached[1]), cached[2])
+        return cls(dict(cached[0]), dict(cached[1]), cached[2], dict(cached[3]),
+                   dict(cached[4]))
 
     @classmethod
-    def _remember(cls, raw: bytes,
-                  parsed: tuple[dict[str, list[object]], dict[str, str], bool]) -> None:
+    def _remember(cls, raw: bytes, parsed: _Parsed) -> None:
         """Keep the last ``_PARSED_MAX`` chunks seen (the oldest go first)."""
         cls._parsed[raw] = parsed
         if len(cls._parsed) > cls._PARSED_MAX:
@@ -315,10 +355,21 @@ class _Chunk:
         entry = self._entries.get(offset)
         if entry is None:
             fields = self._fields.get(str(offset))
-            if fields is None:
+            if fields is not None:
+                entry = Entry.decode(fields[:_APART_AT])
+            elif (session := self._sessions().get(offset)) is not None:
+                entry = Entry(QUEUED, session=session)
+            else:
                 return None
-            entry = self._entries[offset] = Entry.decode(fields[:_APART_AT])
+            self._entries[offset] = entry
         return entry
+
+    def _sessions(self) -> dict[int, str]:
+        """Queued offset -> its session (made when first asked)."""
+        if self._queued_at is None:
+            self._queued_at = {o: session for session, offsets in self._queued.items()
+                               for o in offsets}
+        return self._queued_at
 
     def apart(self, offset: int) -> bool:
         """Whether the entry's dead-letter texts are kept apart."""
@@ -334,43 +385,72 @@ class _Chunk:
         """Set the entry of ``offset``; ``apart``: its texts are stored
         elsewhere, the chunk marks their place."""
         key = str(offset)
-        if entry is None:
-            self._fields.pop(key, None)
-            self._pieces.pop(key, None)
-            self._entries.pop(offset, None)
-        else:
-            if apart:
-                fields = replace(entry, reason=None, description=None).encode()
-                fields += [None] * (_APART_AT - len(fields)) + [1]
-            else:
-                fields = entry.encode()
-            self._fields[key] = fields
-            self._pieces.pop(key, None)
-            self._entries[offset] = entry
+        self._fields.pop(key, None)
+        self._pieces.pop(key, None)
+        self._entries.pop(offset, None)
         self._sorted = None
+        if (session := self._sessions().pop(offset, None)) is not None:
+            offsets = self._queued[session]
+            at = bisect.bisect_left(offsets, offset)
+            self._queue(session, offsets[:at] + offsets[at + 1:])
+        if entry is None:
+            return
+        self._entries[offset] = entry
+        if _plainly_queued(entry):
+            assert entry.session is not None
+            self._sessions()[offset] = entry.session
+            offsets = self._queued.get(entry.session, ())
+            at = bisect.bisect_left(offsets, offset)
+            self._queue(entry.session, offsets[:at] + (offset,) + offsets[at:])
+        elif apart:
+            fields = replace(entry, reason=None, description=None).encode()
+            self._fields[key] = fields + [None] * (_APART_AT - len(fields)) + [1]
+        else:
+            self._fields[key] = entry.encode()
+
+    def _queue(self, session: str, offsets: tuple[int, ...]) -> None:
+        """Set the session's queued offsets here."""
+        self._queued_pieces.pop(session, None)
+        if offsets:
+            self._queued[session] = offsets
+        else:
+            del self._queued[session]
 
     def offsets(self) -> list[int]:
         """The offsets that have an entry, in order."""
         if self._sorted is None:
-            self._sorted = sorted(map(int, self._fields))
+            self._sorted = sorted([*map(int, self._fields), *self._sessions()])
         return self._sorted
 
     def encode(self) -> bytes | None:
         """The stored form; None when no entry is left (the key is deleted)."""
-        if not self._fields:
+        if not self._fields and not self._queued:
             return None
         pieces = self._pieces
         missing = self._fields.keys() - pieces.keys()
         whole = 3 * len(missing) > len(self._fields) and not self._dumped_whole
         if whole:
-            raw = _JSON.encode(self._fields).encode()
+            body = _JSON.encode(self._fields)[1:-1]
         else:
             for key in missing:
                 pieces[key] = _JSON.encode(self._fields[key])
-            raw = ("{" + ",".join([f'"{key}":{pieces[key]}' for key in self._fields])
-                   + "}").encode()
-        self._remember(raw, (dict(self._fields), dict(pieces), whole))
+            body = ",".join([f'"{key}":{pieces[key]}' for key in self._fields])
+        if self._queued:
+            runs = self._queued_pieces
+            for session in self._queued.keys() - runs.keys():
+                runs[session] = (_JSON.encode(session) + ":"
+                                 + _JSON.encode(_runs(self._queued[session])))
+            body += ("," if body else "") + f'"{_QUEUED}":{{' + ",".join(
+                [runs[session] for session in self._queued]) + "}"
+        raw = ("{" + body + "}").encode()
+        self._remember(raw, (dict(self._fields), dict(pieces), whole, dict(self._queued),
+                             dict(self._queued_pieces)))
         return raw
+
+
+#: a parsed chunk as :attr:`_Chunk._parsed` keeps it
+_Parsed = tuple[dict[str, list[object]], dict[str, str], bool, dict[str, tuple[int, ...]],
+                dict[str, str]]
 
 
 _JSON = json.JSONEncoder(separators=(",", ":"))

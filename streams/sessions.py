@@ -2,8 +2,10 @@
 
 On a session-enabled entity the log scanner reads each record's session id
 and accepts the offset into its session (``streams.acceptance``): it becomes a
-QUEUED entry tagged with the session. From then on it is handed out only to
-the receiver holding the session's lock, in log order, redeliveries first.
+QUEUED entry tagged with the session (stored as a run of the session's
+offsets in its chunk, not an entry each: :mod:`streams.entries`). From then
+on it is handed out only to the receiver holding the session's lock, in log
+order, redeliveries first.
 Senders key a session's messages by its id, so a session lives whole in one
 partition, and one window holds its lock and its state.
 

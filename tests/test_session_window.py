@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from streams import session_index
+from streams import entries, session_index
 from streams.acceptance import NO_SESSION, AcceptArgs, Item
 from streams.states import SESSION_ID_NULL_REASON, Refused
 from streams.store import MemoryStore, Txn
@@ -188,15 +188,36 @@ def test_a_session_past_the_offsets_its_record_keeps_moves_them_out_and_back() -
     assert [g[0] for g in receive(win, lock(win, "big", 6), 7)] == [later]
 def test_a_deep_session_keeps_every_key_and_every_command_small() -> None:
     """100,000 messages in one session: more than one Kafka record could hold
-    as one list, yet no stored value and no command's writes grow with them."""
+    as one list, yet no stored value and no command's writes grow with them,
+    and all the window keeps stays under 1 MB (queued messages are runs in
+    their chunks, not an entry each: 5.3 MB before)."""
     win = window_with(["deep"] * 100_000)
     assert max(len(value) for value in win.store._values.values()) < 10_000
+    assert sum(len(k) + len(v) for k, v in win.store._values.items()) < 1_000_000
     held = lock(win, "deep", 1)
     grants = receive(win, held, 2, n=100)
     items = [[g[0], g[1], "complete", None, None, None, None] for g in grants]
     outcome = win.apply(cmd("settle", items=items), 3)
     assert sum(len(k) + len(v or b"") for k, v in outcome.writes.items()) < 20_000
     assert win.stats()["active"] == 100_000 - 100
+
+
+def test_queued_messages_read_back_from_the_store_keep_their_sessions_and_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk keeps queued session messages as runs per session beside the
+    entries of the others; read back from the store (not from the chunks the
+    process remembers), each session gets its own, in order."""
+    win = window_with(["a", "b", "a", "a", "b", "c"])
+    held = lock(win, "a", 1)
+    assert [g[0] for g in receive(win, held, 2, n=1)] == [0]  # 0 locked: an entry
+    chunk = json.loads(next(v for k, v in win.store._values.items()
+                            if k.startswith(win.prefix + b"c")))
+    assert chunk.keys() == {"0", "q"}
+    assert chunk["q"] == {"a": [2, 4], "b": [1, 2, 4, 5], "c": [5, 6]}
+    monkeypatch.setattr(entries._Chunk, "_parsed", {})
+    assert [g[0] for g in receive(win, held, 3, n=5)] == [2, 3]
+    assert [g[0] for g in receive(win, lock(win, "b", 4), 5)] == [1, 4]
+    assert win.stats()["active"] == 6 and win.stats()["locked"] == 5
 
 
 def test_a_session_stored_before_its_record_kept_offsets_reads_from_its_lists() -> None:
