@@ -41,11 +41,13 @@ because on the embedded broker each command costs more the longer the run
 (its broker's CPU per command grows with the records it holds), and 10,000
 sessions there would take well over half an hour on two cores.
 
-The engine's state size is its worker's resident memory, the size of its
-RocksDB directory (SST files and write-ahead log: deletes shrink it only
-after a compaction) and the number of keys in its tables (read from a
-read-only open of that directory), taken after each phase: the plain
-queue's beside the session queue's. The table prints each figure beside the
+The engine's state size is the number of keys in its tables and the bytes
+of their keys and values (the latest record of each key in the tables'
+changelogs: what RocksDB holds once compacted; a read of its directory
+beside the worker would miss what the memtables hold, as the worker writes
+no write-ahead log), the size of its RocksDB directory (deletes shrink it
+only after a compaction) and its resident memory, taken after each phase:
+the plain queue's beside the session queue's. The table prints each figure beside the
 plain queue's of the same run; the figures go to
 ``bench/results/sessions-kafka.json`` (``sessions-tansu.json`` on Tansu).
 """
@@ -69,8 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_END, Consumer, TopicPartition
-from rocksdict import AccessType, Options, Rdict
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
 from bench.brokers import add_broker_argument, broker_label, broker_pid, new_broker, results_path
 from bench.measure import CpuMeter, Phase, Timed, percentile, warm_line, warm_up
@@ -90,7 +91,7 @@ from settlement import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessa
 from settlement.exceptions import OperationTimeoutError
 from settlement.management import ServiceBusAdministrationClient
 from streams.process import EngineProcess
-from topics import names
+from topics import names, specs
 from topics.connection import parse_connection_string
 from topics.offsets import log_end_offsets, take
 
@@ -106,22 +107,53 @@ STEPS = ("receiver", "lock", "receive", "complete", "release")
 
 
 # ------------------------------------------------------------ engine state
-def engine_keys(worker: EngineProcess) -> int:
-    """Keys in the engine's tables: every RocksDB under its data dir, opened
-    read-only beside the running worker."""
-    keys = 0
-    for path in sorted(p for p in (worker.data_dir / "rocks").rglob("*.db") if p.is_dir()):
-        db = Rdict(str(path), options=Options(raw_mode=True),
-                   access_type=AccessType.read_only())
-        try:
-            keys += sum(1 for _ in db.keys())
-        finally:
-            db.close()
-    return keys
+def engine_tables(worker: EngineProcess) -> dict[str, Any]:
+    """The engine's state as its tables' changelogs hold it, the latest
+    record of each key (a tombstone deletes it): ``keys``, ``bytes`` of keys
+    and values, and ``by_entity``: the same per entity (a window's keys start
+    ``ENTITY#PARTITION``), with the largest value. Not RocksDB's files: the
+    worker writes no write-ahead log (streams/table_store.py), so a reader
+    beside it sees only what its memtables flushed."""
+    settings = parse_connection_string(worker.connection_string)
+    topics = [names.table_changelog(settings.namespace, t) for t in specs.ENGINE_TABLES]
+    consumer = Consumer(settings.consumer_config(f"bench-tables-{uuid.uuid4().hex}"))
+    latest: dict[tuple[str, bytes], int] = {}  # (table, key) -> its value's length
+    try:
+        listed = consumer.list_topics(timeout=10).topics
+        tps = [(t, p) for t in topics for p in listed[t].partitions]
+        ends = {tp: end for tp, end in log_end_offsets(
+            consumer, tps, exact=settings.profile.exact_list_offsets).items() if end > 0}
+        consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in ends])
+        while ends:
+            for record in take(consumer, 10_000, 1.0):
+                tp = (record.topic(), record.partition())
+                if record.error() is not None or tp not in ends:
+                    continue
+                key, value = (record.topic(), record.key()), record.value()
+                if value is None:
+                    latest.pop(key, None)
+                else:
+                    latest[key] = len(value)
+                if record.offset() + 1 >= ends[tp]:
+                    del ends[tp]
+    finally:
+        consumer.close()
+    by_entity: dict[str, dict[str, int]] = {}
+    for (_, key), size in latest.items():
+        entity = key.partition(b"#")[0].decode(errors="replace")
+        tally = by_entity.setdefault(entity, {"keys": 0, "bytes": 0, "largest_value": 0})
+        tally["keys"] += 1
+        tally["bytes"] += len(key) + size
+        tally["largest_value"] = max(tally["largest_value"], size)
+    return {"keys": len(latest), "bytes": sum(t["bytes"] for t in by_entity.values()),
+            "by_entity": by_entity}
 
 
-def engine_state(worker: EngineProcess) -> dict[str, float]:
-    return {**engine_footprint(worker), "keys": engine_keys(worker)}
+def engine_state(worker: EngineProcess) -> dict[str, Any]:
+    """Resident memory and RocksDB dir (bench.scale), and the tables' content."""
+    tables = engine_tables(worker)
+    return {**engine_footprint(worker), "keys": tables["keys"],
+            "state_mb": round(tables["bytes"] / 1e6, 3), "by_entity": tables["by_entity"]}
 
 
 # ------------------------------------------------------------- one session
@@ -415,6 +447,7 @@ def idle_phase(client: ServiceBusClient, admin: ServiceBusAdministrationClient,
         wait_for_sessions(admin, queue, args.probes + sessions, args.probes + args.idle,
                           time.perf_counter())  # listed as the engine accepted them
     state["idle_sent"] = engine_state(worker)
+    deep = state["idle_sent"]["by_entity"].get(FEW, {})
     holds: dict[str, list[Hold]] = {FEW: [], CROWDED: []}
     for first in range(0, args.probes, ROUND):
         for queue in (FEW, CROWDED):
@@ -435,6 +468,7 @@ def idle_phase(client: ServiceBusClient, admin: ServiceBusAdministrationClient,
                                and checks[queue]["messages_left"] == args.idle)
     return {"idle_messages": args.idle, "probes": args.probes,
             "send_end_to_all_accepted_s": {q: round(v, 3) for q, v in accept_s.items()},
+            "one_session_queue_kept": deep,
             "few": step_figures(holds[FEW]), "crowded": step_figures(holds[CROWDED]),
             "check": checks, "ok": all(c["ok"] for c in checks.values())}
 
@@ -483,6 +517,7 @@ def render(result: dict[str, Any]) -> str:
     for when, mine, base in (("after sending", "sessions_sent", "plain_sent"),
                              ("after draining", "sessions_drained", "plain_drained")):
         for key, what, fmt in (("keys", "keys in its tables", "{:,.0f}"),
+                               ("state_mb", "their keys and values", "{:,.2f} MB"),
                                ("tables_mb", "RocksDB dir", "{:,.1f} MB"),
                                ("rss_mb", "resident memory", "{:,.1f} MB")):
             rows.append((f"engine state {when}: {what}", fmt.format(st[mine][key]),
@@ -558,7 +593,7 @@ def targets(result: dict[str, Any]) -> list[str]:
     # what the session queue added to the engine's tables: the plain queues'
     # phases left theirs (their commands' answers) before it
     keys = (st["sessions_sent"]["keys"] - st["plain_drained"]["keys"]) / sessions
-    disk = st["sessions_sent"]["tables_mb"] - st["plain_drained"]["tables_mb"]
+    grown = st["sessions_sent"]["state_mb"] - st["plain_drained"]["state_mb"]
     lines = [f"targets (issue 25) on Apache Kafka, {sessions:,} sessions x "
              f"{result['per_session']}, {result['receivers']} receivers:",
              _judged("drained", ss["messages"] / ss["seconds"], 2000, " msg/s"),
@@ -567,7 +602,9 @@ def targets(result: dict[str, Any]) -> list[str]:
              # the issue's 2 MB is for 2,000 sessions: state that grows with
              # the sessions, not their messages, may grow as many times more
              _judged(f"engine tables grown by sending them (2 MB per {SESSIONS_PER_2_MB:,} "
-                     "sessions)", disk, 2 * sessions / SESSIONS_PER_2_MB, " MB", at_most=True)]
+                     "sessions)", grown, 2 * sessions / SESSIONS_PER_2_MB, " MB", at_most=True)
+             + f" (their keys and values; RocksDB dir {st['plain_drained']['tables_mb']:.1f}"
+             f" -> {st['sessions_sent']['tables_mb']:.1f} MB)"]
     if sessions >= 10_000:
         lines.append(_judged(f"{sessions:,} sessions drained in", ss["seconds"], 120, " s",
                              at_most=True))
@@ -576,6 +613,11 @@ def targets(result: dict[str, Any]) -> list[str]:
                          idle["send_end_to_all_accepted_s"][CROWDED], 10, " s", at_most=True)
                  + " (the scanner's progress, as the engine's state topic says; listed "
                  "once after)")
+    deep = idle["one_session_queue_kept"]
+    lines.append(_judged(f"{idle['idle_messages']:,} messages in one session: all the engine "
+                         "keeps of their queue", deep["bytes"] / 1e6, 1, " MB", at_most=True)
+                 + f" ({deep['keys']:,} keys, the largest value {deep['largest_value']:,} B; "
+                 f"with the {idle['probes']:,} probe sessions before them)")
     steps, busy = ss["steps"], ss["cpu_cores"]
     whole = sum(steps[s]["p50_ms"] for s in STEPS)
     lines.append(f"    what bounds the drain: a receiver's session takes {whole:.0f} ms (p50s), "
