@@ -47,6 +47,7 @@ from topics.message_record import (
     MalformedRecord,
     ScannedHeaders,
     filter_properties,
+    may_be_timed,
     scanned_headers,
 )
 from topics.offsets import OFFSET_UNKNOWN, offset_of, position_of, take
@@ -153,8 +154,11 @@ class LogScanner:
         partitions = found[1].partitions if found is not None else 1
         sessions: set[str] = set()
         left_out: list[int] = []
+        # Most records of most windows: no expiry, no schedule, no duplicate
+        # check (ten subscriptions ask it of each record).
+        timed = bool(window.duplicate_window_ms or window.default_ttl_ms)
         for read in records:
-            item = self._item(key, window, read, now)
+            item = self._item(key, window, read, now) if timed or not read.untimed else None
             if rules is not None and (item is None or item.mark == PLAIN):
                 item = _filtered(rules, read, item, dead_letter_errors)
                 if item is _LEFT_OUT:
@@ -205,10 +209,6 @@ class LogScanner:
                        DeadForwardedArgs(tuple(copied)))
 
     def _item(self, key: str, window: InflightWindow, read: _Read, now: int) -> Item | None:
-        if read.untimed and not (window.duplicate_window_ms or window.default_ttl_ms):
-            # Most records of most windows: no expiry, no schedule, no
-            # duplicate check (ten subscriptions ask it of each record).
-            return None
         headers = read.headers
         enqueued = read.record.timestamp()[1]
         offset = read.offset
@@ -369,10 +369,11 @@ class _Read:
 
     @property
     def untimed(self) -> bool:
-        """Whether the record has neither a time to live nor a schedule."""
+        """Whether the record has no header that could set a time to live or
+        a schedule (its names alone: most records have neither, and ten
+        subscriptions ask each record)."""
         if self._untimed is None:
-            headers = self.headers
-            self._untimed = not (headers.time_to_live_ms or headers.scheduled_enqueue_time_ms)
+            self._untimed = not may_be_timed(self.record.headers())
         return self._untimed
 
     def view(self) -> MessageView | None:

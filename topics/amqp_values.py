@@ -101,7 +101,9 @@ def from_json(data: Any) -> Any:
                     return decoder(text)
                 except (TypeError, ValueError, binascii.Error, OverflowError) as exc:
                     raise ValueError(f"cannot read {{{tag!r}: {text!r}}}: {exc}") from None
-        return {key: from_json(item) for key, item in data.items()}
+        # a scalar (most property values) is itself: no call for it
+        return {key: from_json(item) if isinstance(item, (list, dict)) else item
+                for key, item in data.items()}
     return data
 
 

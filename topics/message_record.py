@@ -65,6 +65,7 @@ _ID_HEADERS = frozenset({"message-id", "session-id", "partition-key"})
 _KNOWN = frozenset({*_TEXT_HEADERS, *_TIME_HEADERS, APPLICATION_PROPERTIES, BODY_TYPE})
 #: headers the log scanner reads (of every record of a scanned entity)
 _SCANNED = ("message-id", TIME_TO_LIVE, SCHEDULED_ENQUEUE_TIME, "session-id")
+_TIMED = frozenset({TIME_TO_LIVE, SCHEDULED_ENQUEUE_TIME})
 
 #: a record's headers as confluent-kafka types them: a consumed record's are a
 #: list of (name, bytes or None); the types also allow str values and a dict
@@ -286,6 +287,13 @@ class ScannedHeaders:
     session_id: str | None = None
     time_to_live_ms: int = 0
     scheduled_enqueue_time_ms: int = 0
+
+
+def may_be_timed(headers: Headers) -> bool:
+    """Whether the record has a header that could give it a time to live or
+    a schedule, by the headers' names alone (cheaper than reading them)."""
+    names = headers.keys() if isinstance(headers, Mapping) else [h[0] for h in headers or ()]
+    return not _TIMED.isdisjoint(names)
 
 
 def scanned_headers(headers: Headers) -> ScannedHeaders:
