@@ -303,15 +303,17 @@ class _Chunk:
     waiting messages costs its chunks a few bytes each, not 47 a message."""
 
     #: stored chunk -> its parsed fields, the JSON of those entries whose JSON
-    #: is known, whether it was dumped whole, and its queued offsets per
-    #: session with the JSON of each, for the chunks read or written last:
+    #: is known, whether it was dumped whole, its queued offsets per session
+    #: with the JSON of each, and the entries decoded, for the chunks read or
+    #: written last:
     #: the next command on a window reads back what the one before wrote
     _parsed: dict[bytes, _Parsed] = {}
     _PARSED_MAX = 512
 
     def __init__(self, fields: dict[str, list[object]], pieces: dict[str, str],
                  dumped_whole: bool = False, queued: dict[str, tuple[int, ...]] | None = None,
-                 queued_pieces: dict[str, str] | None = None) -> None:
+                 queued_pieces: dict[str, str] | None = None,
+                 entries: dict[int, Entry] | None = None) -> None:
         self._fields = fields
         #: offset -> the JSON of its fields, where known
         self._pieces = pieces
@@ -323,7 +325,9 @@ class _Chunk:
         #: session -> the JSON of its runs, where known
         self._queued_pieces = queued_pieces if queued_pieces is not None else {}
         self._queued_at: dict[int, str] | None = None
-        self._entries: dict[int, Entry] = {}
+        #: offset -> its entry, decoded (entries are immutable: shared with
+        #: the parsed copy, so the next command does not decode them again)
+        self._entries = entries if entries is not None else {}
         self._sorted: list[int] | None = None
 
     @classmethod
@@ -337,11 +341,11 @@ class _Chunk:
             queued = {session: tuple(o for first, end in zip(r[::2], r[1::2], strict=True)
                                      for o in range(first, end))
                       for session, r in runs.items()}
-            cached = (fields, {}, False, queued, {})
+            cached = (fields, {}, False, queued, {}, {})
         cls._remember(raw, cached)
         # copies: this one changes, the cached ones must not
         return cls(dict(cached[0]), dict(cached[1]), cached[2], dict(cached[3]),
-                   dict(cached[4]))
+                   dict(cached[4]), dict(cached[5]))
 
     @classmethod
     def _remember(cls, raw: bytes, parsed: _Parsed) -> None:
@@ -444,13 +448,13 @@ class _Chunk:
                 [runs[session] for session in self._queued]) + "}"
         raw = ("{" + body + "}").encode()
         self._remember(raw, (dict(self._fields), dict(pieces), whole, dict(self._queued),
-                             dict(self._queued_pieces)))
+                             dict(self._queued_pieces), dict(self._entries)))
         return raw
 
 
 #: a parsed chunk as :attr:`_Chunk._parsed` keeps it
 _Parsed = tuple[dict[str, list[object]], dict[str, str], bool, dict[str, tuple[int, ...]],
-                dict[str, str]]
+                dict[str, str], dict[int, Entry]]
 
 
 _JSON = json.JSONEncoder(separators=(",", ":"))
