@@ -27,8 +27,13 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-#: Errors of a partition whose leader is not known yet, or is moving.
-_LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
+#: Errors of a partition whose leader is not known yet, or is moving; the
+#: epoch ones while a restarted cluster's metadata catches up ("Leader epoch
+#: is newer than broker epoch": librdkafka does not mark it retriable, and a
+#: client reading the entity definitions just after every broker came back
+#: failed on it once, tests/test_broker_loss.py).
+_LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                            KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH})
 #: librdkafka's OFFSET_INVALID: no fetch response has given a watermark yet.
 OFFSET_UNKNOWN = -1001
 #: ListOffsets' timestamp for the log end
