@@ -683,6 +683,15 @@ def _accessors(scope: str, key: str, text: str) -> tuple[Evaluate, Evaluate]:
     return user_value, user_present
 
 
+_EQUALITIES = ("=", "<>", "!=")
+
+
+def _direct(symbol: str) -> frozenset[type]:
+    """The types a comparison ``symbol`` applies to directly, when both
+    values are of the same one (numbers of either kind compare too)."""
+    return _EQUATABLE if symbol in _EQUALITIES else _ORDERABLE
+
+
 def _against_constant(first: Evaluate, symbol: str, b: Any,
                       compare: Callable[[Any, Any], bool]) -> Evaluate:
     """A comparison of a message's value with the constant ``b`` (most
@@ -691,8 +700,7 @@ def _against_constant(first: Evaluate, symbol: str, b: Any,
     through ``compare``'s checks (the scanner evaluates a subscription's
     rules on every record of its topic, so each call saved counts)."""
     apply = _COMPARISONS[symbol]
-    direct = _EQUATABLE if symbol in ("=", "<>", "!=") else _ORDERABLE
-    fast = (_NUMBERS if type(b) in _NUMBERS else frozenset({type(b)})) & direct
+    fast = (_NUMBERS if type(b) in _NUMBERS else frozenset({type(b)})) & _direct(symbol)
 
     def comparison(view: MessageView) -> bool | None:
         a = first(view)
@@ -709,8 +717,8 @@ def _comparer(symbol: str, text: str) -> Callable[[Any, Any], bool]:
     """The comparison ``symbol`` of two non-NULL values, with the kind checks;
     ``text`` is the comparison's source, for error messages."""
     apply = _COMPARISONS[symbol]
-    equality = symbol in ("=", "<>", "!=")
-    direct = _EQUATABLE if equality else _ORDERABLE
+    equality = symbol in _EQUALITIES
+    direct = _direct(symbol)
 
     def compare(a: Any, b: Any) -> bool:
         type_a, type_b = type(a), type(b)
