@@ -26,6 +26,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
@@ -95,11 +96,16 @@ class CommandIntake:
     """
 
     def __init__(self, settings: ConnectionSettings, topic: str, offsets: GroupOffsets,
-                 max_batch: int) -> None:
+                 max_batch: int, *, may_wait: Callable[[CommandRecord], bool] = lambda _: False,
+                 linger: float = 0.0) -> None:
         self._topic = topic
         #: where the group that owns the partitions keeps how far they were applied
         self._offsets = offsets
         self._max_batch = max_batch
+        #: records nobody waits for are handed over once ``linger`` seconds
+        #: passed, with what arrived meanwhile (:meth:`_join_later`)
+        self._may_wait = may_wait
+        self._linger = linger
         self._consumer = Consumer(settings.consumer_config(READER))
         #: partition -> the next offset to hand out (records before it are repeats)
         self._next: dict[int, int] = {}
@@ -318,21 +324,41 @@ class CommandIntake:
                 continue
             generation = self._generation
             try:
-                messages = take(self._consumer, self._max_batch, _READ_WAIT_S)
+                records = self._take(self._max_batch, _READ_WAIT_S)
+                if records and self._linger > 0:
+                    self._join_later(records)
             except KafkaException as exc:  # a broker fault
                 log.warning("reading the commands failed (%s); reading again", exc)
                 continue
-            records = []
-            for message in messages:
-                if message.error() is not None:
-                    log.warning("commands partition error: %s", message.error())
-                    continue
-                partition, offset = position_of(message)
-                kind, stamp = message.timestamp()
-                records.append(CommandRecord(partition, offset, message.key(), message.value(),
-                                             stamp, kind == TIMESTAMP_LOG_APPEND_TIME))
             if records and not self._hand_over(loop, generation, records):
                 return
+
+    def _take(self, most: int, wait: float) -> list[CommandRecord]:
+        """Up to ``most`` records, waiting at most ``wait`` for the first."""
+        records = []
+        for message in take(self._consumer, most, wait):
+            if message.error() is not None:
+                log.warning("commands partition error: %s", message.error())
+                continue
+            partition, offset = position_of(message)
+            kind, stamp = message.timestamp()
+            records.append(CommandRecord(partition, offset, message.key(), message.value(),
+                                         stamp, kind == TIMESTAMP_LOG_APPEND_TIME))
+        return records
+
+    def _join_later(self, records: list[CommandRecord]) -> None:
+        """While nobody waits for ``records``, add what arrives within the
+        linger, until a record somebody waits for comes or the batch is full:
+        the engine then applies them together, and the event loop is woken
+        once for them."""
+        deadline = time.monotonic() + self._linger
+        fresh = records
+        while all(self._may_wait(record) for record in fresh):
+            left = deadline - time.monotonic()
+            if left <= 0 or len(records) >= self._max_batch:
+                return
+            fresh = self._take(self._max_batch - len(records), left)
+            records += fresh
 
     def _hand_over(self, loop: asyncio.AbstractEventLoop, generation: int,
                    records: list[CommandRecord]) -> bool:

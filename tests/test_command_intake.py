@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.command_intake import CommandIntake
 from tests.helpers import Broker
@@ -50,3 +54,46 @@ def test_a_job_whose_caller_was_cancelled_leaves_the_reader_reading(broker: Brok
         assert asyncio.run(scenario()) == 42
     finally:
         intake.close()
+
+
+def test_records_nobody_waits_for_are_handed_over_together_and_a_waited_one_ends_the_wait(
+        broker: Broker) -> None:
+    """Records that may wait (settlements final once appended) are held up
+    to the linger so that more join them; one that someone waits for is
+    handed over at once, with those held before it, in order."""
+    settings = parse_connection_string(broker.connection_string(f"t{uuid.uuid4().hex[:8]}"))
+    topic = f"commands-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient(settings.kafka_config())
+    for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        future.result(30)
+    producer = Producer(settings.kafka_config())
+    linger = 3.0
+    intake = CommandIntake(settings, topic, _OffsetsInMemory(), 100,
+                           may_wait=lambda record: (record.value or b"").startswith(b"quiet"),
+                           linger=linger)
+
+    def append(value: bytes) -> None:
+        producer.produce(topic, value, partition=0)
+        producer.flush(10)
+
+    async def scenario() -> list[tuple[list[bytes], float]]:
+        await intake.assign({0})
+        got = []
+        for values in ([b"quiet-1", b"quiet-2", b"answer-me"], [b"answer-me-too"]):
+            batch = asyncio.ensure_future(intake.next_batch())
+            started = time.monotonic()
+            for value in values:
+                await asyncio.to_thread(append, value)
+                await asyncio.sleep(0.2)
+            records = await asyncio.wait_for(batch, 10)
+            got.append(([r.value or b"" for r in records], time.monotonic() - started))
+        return got
+
+    try:
+        (first, first_s), (second, second_s) = asyncio.run(scenario())
+    finally:
+        intake.close()
+    assert first == [b"quiet-1", b"quiet-2", b"answer-me"]
+    # the waited-for record ended the linger: well before its 3 s
+    assert first_s < linger - 1, first_s
+    assert second == [b"answer-me-too"] and second_s < 1.0, second_s

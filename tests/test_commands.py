@@ -21,6 +21,7 @@ from streams.window import HANDLERS
 from topics.commands import (
     OP_INFO,
     OPERATIONS,
+    TICK_KEY,
     AcquireArgs,
     AcquireDeferredArgs,
     Action,
@@ -44,6 +45,7 @@ from topics.commands import (
     SettleArgs,
     SettleItem,
     StatsArgs,
+    answered_by_no_one,
     decode_command,
     encode_command,
     lock_token,
@@ -103,6 +105,20 @@ def test_a_settlement_is_quiet_only_when_it_says_so() -> None:
     assert isinstance(decoded, SettleArgs) and decoded.quiet
     with pytest.raises(CommandError, match="'quiet' must be true or false"):
         decode_command(json.dumps({**json.loads(quiet), "quiet": "yes"}).encode())
+
+
+def test_only_ticks_and_quiet_settlements_are_read_as_answered_by_no_one() -> None:
+    """The engine's intake tells them from the bytes alone (a hint: it lets
+    them wait for company); every other command is someone's call."""
+    items = (SettleItem(4, "t", Action.COMPLETE), SettleItem(5, "t", Action.ABANDON))
+    quiet = encode_command(Command("id1", "orders", 0, SettleArgs(items, quiet=True)))
+    assert answered_by_no_one(b"orders#0", quiet)
+    assert answered_by_no_one(TICK_KEY, b"")
+    for args in (SettleArgs(items), AcquireArgs("active", "peek_lock", 10, 0),
+                 PeekArgs("active", 0, 10, 0)):
+        raw = encode_command(Command("id1", "orders", 0, args, ReplyAddress(0, "c")))
+        assert not answered_by_no_one(b"orders#0", raw), args
+    assert not answered_by_no_one(b"orders#0", None)
 
 
 def test_op_metadata_is_declared_for_every_op() -> None:

@@ -659,6 +659,19 @@ def encode_command(cmd: Command[ClientArgs]) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+#: how :func:`encode_command` ends a quiet settlement (``SettleArgs.to_wire``
+#: puts the flag last)
+_QUIET_END = b',"quiet":true}'
+
+
+def answered_by_no_one(key: bytes | None, raw: bytes | None) -> bool:
+    """Whether a commands record, read raw, is one no client waits for the
+    engine to answer: a tick, or a settlement sent quiet. Read from the bytes
+    alone, without decoding, as a hint: a quiet settlement encoded otherwise
+    than by :func:`encode_command` is taken as one that is waited for."""
+    return key == TICK_KEY or (raw is not None and raw.endswith(_QUIET_END))
+
+
 def _one_of(value: object, choices: Collection[str]) -> TypeGuard[str]:
     """Whether a field read from the wire is one of ``choices`` (a list or a
     dict there is not, rather than a TypeError)."""
