@@ -179,11 +179,15 @@ class _FaustGroupOffsets:
 #: engine's main thread spent 0.7 ms of a core on each (its batch, commit
 #: record, follow-up and their acknowledgements; issue 24, one thread:
 #: 61 % of a core at 871 msg/s), the brokers on the same cores the rest.
-#: With 20 ms: 33 % at 1,053 msg/s; 8 threads 1,530 -> 1,793 msg/s (5 ms
-#: gave 40 %). Nobody is kept waiting: a command someone waits for ends the
-#: wait, and a settlement is judged by when it was appended, not applied
-#: (docs/settlement-by-log.md).
-QUIET_LINGER_S = 0.02
+#: With 5 ms: 40 % at 1,056 msg/s (make bench, one thread: 1,138 -> 1,219).
+#: What is held is applied before the next command somebody waits for:
+#: 20 ms held more (33 %, 1,344 in make bench) but put a session's 10
+#: settlements in front of its release and the next lock (bench-sessions:
+#: lock p50 11.9 -> 13.4-14.3 ms, 2,000-2,050 msg/s; with 5 ms 11.8 ms,
+#: 2,347). Nobody else is kept waiting: a command someone waits for ends
+#: the wait, and a settlement is judged by when it was appended, not
+#: applied (docs/settlement-by-log.md).
+QUIET_LINGER_S = 0.005
 
 
 def _answered_by_no_one(record: CommandRecord) -> bool:
