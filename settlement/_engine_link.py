@@ -355,13 +355,15 @@ class EngineLink:
 
     def _serve_deliveries(self) -> None:
         """Run what the producer reports while no caller waits (its errors
-        and logs): callers run their own delivery callbacks."""
+        and logs): callers run their own delivery callbacks. A caller that
+        found the turn taken by this thread is told when it is free again."""
         while not self._closed.wait(_POLL_S):
             if self._polling.acquire(blocking=False):
                 try:
                     self._producer.poll(0)
                 finally:
                     self._polling.release()
+                    self._tell_waiters()
 
     def _read_replies(self) -> None:
         while not self._closed.is_set():
