@@ -326,13 +326,14 @@ class EngineLink:
         ``complete_message``. ``flush()`` from several threads would make
         each wait for every other's commands, and each of its polls may
         sleep 10 ms on an event another thread took.)"""
-        while not appended.done():
+        while not appended.done() and not self._closed.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
             if self._polling.acquire(blocking=False):
                 try:
-                    while not appended.done() and (left := deadline - time.monotonic()) > 0:
+                    while (not appended.done() and not self._closed.is_set()
+                           and (left := deadline - time.monotonic()) > 0):
                         self._producer.poll(min(left, _POLL_S))
                 finally:
                     self._polling.release()

@@ -357,7 +357,14 @@ class CommandIntake:
             left = deadline - time.monotonic()
             if left <= 0 or len(records) >= self._max_batch:
                 return
-            fresh = self._take(self._max_batch - len(records), left)
+            try:
+                fresh = self._take(self._max_batch - len(records), left)
+            except KafkaException as exc:
+                # What was read is handed over all the same: the consumer has
+                # moved past it, and the next read meets the fault again.
+                log.warning("reading more commands failed (%s); handing over the %d read",
+                            exc, len(records))
+                return
             records += fresh
 
     def _hand_over(self, loop: asyncio.AbstractEventLoop, generation: int,
