@@ -157,13 +157,20 @@ class LogScanner:
         # Most records of most windows: no expiry, no schedule, no duplicate
         # check (ten subscriptions ask it of each record).
         timed = bool(window.duplicate_window_ms or window.default_ttl_ms)
+        selects = rules.selects if rules is not None else None
         for read in records:
             item = self._item(key, window, read, now) if timed or not read.untimed else None
-            if rules is not None and (item is None or item.mark == PLAIN):
-                item = _filtered(rules, read, item, dead_letter_errors)
-                if item is _LEFT_OUT:
+            if selects is not None and (item is None or item.mark == PLAIN):
+                # the rules' verdict inline (ten subscriptions ask it of each
+                # record); a failed filter is looked at again, for its error
+                view = read.view()
+                selected = selects(view) if view is not None else True
+                if selected is False:
                     left_out.append(read.offset)
                     continue
+                if selected is None:
+                    assert rules is not None and view is not None
+                    item = _filter_failed(rules, view, read.offset, item, dead_letter_errors)
             if window.forward_to and (item is None or item.mark == PLAIN):
                 to_forward.append(read.record)  # the target applies time to live and schedule
                 if rules is not None and rules.has_actions:
@@ -381,7 +388,7 @@ class _Read:
         if self._view is None:
             record = self.record
             try:
-                self._view = MessageView(*filter_properties(
+                self._view = MessageView.indexed(*filter_properties(
                     record.value(), record.headers(), record.timestamp()[1],
                     position_of(record)[0], self.offset))
             except MalformedRecord:
@@ -389,23 +396,12 @@ class _Read:
         return self._view if isinstance(self._view, MessageView) else None
 
 
-#: what :func:`_filtered` says of a record no rule selected, without a failure
-_LEFT_OUT = Item(-1, mark=FILTERED)
-
-
-def _filtered(rules: RuleSet, read: _Read, item: Item | None,
-              dead_letter_errors: bool) -> Item | None:
-    """The accept item of a record after the subscription's rules: left out
-    (:data:`_LEFT_OUT`; an item saying why when a filter failed),
-    dead-lettered for a failed filter, or as it was (matched)."""
-    view = read.view()
-    if view is None:
-        return item  # handed out, and the receiver dead-letters it
-    selected = rules.selects(view)
-    if selected is not None:
-        return item if selected else _LEFT_OUT
+def _filter_failed(rules: RuleSet, view: MessageView, offset: int, item: Item | None,
+                   dead_letter_errors: bool) -> Item:
+    """The accept item of a record a filter of the subscription failed on:
+    dead-lettered (``dead_letter_filter_errors``), left out saying why, or
+    handed out with the error (another rule matched)."""
     verdict = rules.evaluate(view)
-    offset = read.offset
     error = "; ".join(f"rule {name!r}: {why}" for name, why in verdict.failures)[:_MAX_ERROR]
     if dead_letter_errors:
         return Item(offset, mark=FILTER_FAILED, error=error)

@@ -101,9 +101,13 @@ def from_json(data: Any) -> Any:
                     return decoder(text)
                 except (TypeError, ValueError, binascii.Error, OverflowError) as exc:
                     raise ValueError(f"cannot read {{{tag!r}: {text!r}}}: {exc}") from None
-        # a scalar (most property values) is itself: no call for it
-        return {key: from_json(item) if isinstance(item, (list, dict)) else item
-                for key, item in data.items()}
+        # a scalar (most property values) is itself: a map of scalars (most
+        # application properties) is returned as it is
+        for item in data.values():
+            if isinstance(item, (list, dict)):
+                return {key: from_json(item) if isinstance(item, (list, dict)) else item
+                        for key, item in data.items()}
+        return data
     return data
 
 

@@ -126,6 +126,8 @@ class RuleSet:
                                                 parameters=s.action.get("parameters") or None)
                          for s in ordered if s.action is not None}
         self.has_actions = bool(self._actions)
+        #: the one filter's ``matches``, for :meth:`selects` (most subscriptions have one rule)
+        self._only = self._filters[0][1].matches if len(self._filters) == 1 else None
 
     def evaluate(self, view: MessageView) -> Verdict:
         verdict = Verdict(False)
@@ -147,8 +149,8 @@ class RuleSet:
         this of every message for every subscription); None when a filter
         failed on it: :meth:`evaluate` then says which and why."""
         try:
-            if len(self._filters) == 1:  # most subscriptions: one rule
-                return self._filters[0][1].matches(view)
+            if self._only is not None:
+                return self._only(view)
             return any([compiled.matches(view) for _, compiled in self._filters])
         except FilterEvaluationError:
             return None

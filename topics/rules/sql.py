@@ -78,6 +78,19 @@ class MessageView:
                 self.system_index[name] = self.system_index[alias]
         self.user_index: dict[str, Any] = {k.lower(): v for k, v in user.items()}
 
+    @classmethod
+    def indexed(cls, system: dict[str, Any], user: Mapping[str, Any]) -> MessageView:
+        """A view whose ``system`` properties are under their lower-case
+        names already, each alias beside its name (as
+        ``topics.message_record.filter_properties`` gives them): used as its
+        own index. The engine's log scanner makes a view of every record of
+        a filtered topic; indexing them again was a third of that."""
+        view = cls.__new__(cls)
+        view.system = view.system_index = system
+        view.user = user
+        view.user_index = {k.lower(): v for k, v in user.items()}
+        return view
+
     def __repr__(self) -> str:
         return f"MessageView(system={dict(self.system)!r}, user={dict(self.user)!r})"
 
