@@ -356,32 +356,28 @@ def _read_to_end(consumer: Consumer, tp: tuple[str, int], position: int) -> bool
 class _Read:
     """A record as the scanner read it. The subscriptions of one topic scan
     the same records one after another, so what they look at (the headers,
-    the properties their rules see) is parsed once, on first use."""
+    the properties their rules see) is read once: its headers' names as it
+    is read, the rest on first use."""
 
-    __slots__ = ("record", "offset", "_headers", "_view", "_untimed")
+    __slots__ = ("record", "offset", "untimed", "_raw_headers", "_headers", "_view")
 
     def __init__(self, record: Message) -> None:
         self.record = record
         self.offset = offset_of(record)
+        #: confluent-kafka builds the list anew at every ``headers()``
+        self._raw_headers = record.headers()
+        #: whether no header could set a time to live or a schedule (their
+        #: names alone: most records have neither, and ten subscriptions ask)
+        self.untimed = not may_be_timed(self._raw_headers)
         self._headers: ScannedHeaders | None = None
         #: what rules see of it; False: a record that breaks the format
         self._view: MessageView | bool | None = None
-        self._untimed: bool | None = None
 
     @property
     def headers(self) -> ScannedHeaders:
         if self._headers is None:
-            self._headers = scanned_headers(self.record.headers())
+            self._headers = scanned_headers(self._raw_headers)
         return self._headers
-
-    @property
-    def untimed(self) -> bool:
-        """Whether the record has no header that could set a time to live or
-        a schedule (its names alone: most records have neither, and ten
-        subscriptions ask each record)."""
-        if self._untimed is None:
-            self._untimed = not may_be_timed(self.record.headers())
-        return self._untimed
 
     def view(self) -> MessageView | None:
         """What rules see of the record; None when it breaks the format."""
@@ -389,7 +385,7 @@ class _Read:
             record = self.record
             try:
                 self._view = MessageView.indexed(*filter_properties(
-                    record.value(), record.headers(), record.timestamp()[1],
+                    record.value(), self._raw_headers, record.timestamp()[1],
                     position_of(record)[0], self.offset))
             except MalformedRecord:
                 self._view = False
