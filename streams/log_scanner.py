@@ -275,9 +275,22 @@ class LogScanner:
         if until is None and (recent := self._recently_read(tp, start)):
             return recent
         consumer = self._consumer(key, tp)
+        wait = 0.05
         if self._positions.get(tp) != start:
+            end = _known_end(consumer, tp)
+            if until is None and end is not None and start >= end:
+                return []  # nothing past start, as the last fetch saw the log: no seek
             consumer.assign([TopicPartition(*tp, start)])
             self._positions[tp] = start
+            if end is not None:
+                # Records are there, but the consumer's last fetch may be
+                # parked at the log end for the broker's whole fetch wait, and
+                # the fetch from here goes out after it. Waiting 50 ms, each
+                # window behind the others (they take turns moving the
+                # consumer) read nothing, round after round: a topic's
+                # subscriptions were drained 2-24 s late in 1 bench-topics run
+                # of 4 (2026-11-27).
+                wait = self._settings.profile.fetch_max_wait_ms / 1000 + 0.1
         elif until is None and _read_to_end(consumer, tp, start):
             # Nothing appended since the last read: no wait for it. Every
             # window scanned in a round waited 50 ms for nothing before, so
@@ -285,7 +298,7 @@ class LogScanner:
             # sessions beside two idle session queues: accepted in 19 s,
             # 7.4 s alone).
             return []
-        records = [_Read(r) for r in take(consumer, MAX_RECORDS, 0.05) if r.error() is None]
+        records = [_Read(r) for r in take(consumer, MAX_RECORDS, wait) if r.error() is None]
         if until is not None:
             records = [r for r in records if r.offset < until]
         if records:
@@ -349,8 +362,15 @@ def _read_to_end(consumer: Consumer, tp: tuple[str, int], position: int) -> bool
     """Whether ``position`` is at the log end as the consumer's latest fetch
     response said (it waits at the end for new records, and Apache Kafka
     answers as soon as one comes; Tansu within its short fetch wait)."""
-    end = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[1]
-    return end != OFFSET_UNKNOWN and position >= end
+    end = _known_end(consumer, tp)
+    return end is not None and position >= end
+
+
+def _known_end(consumer: Consumer, tp: tuple[str, int]) -> int | None:
+    """The log end of ``tp`` as the consumer's latest fetch response said;
+    None before it has one."""
+    end: int = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[1]
+    return None if end == OFFSET_UNKNOWN else end
 
 
 class _Read:
