@@ -262,30 +262,17 @@ def filter_properties(value: bytes | None, headers: Headers,
     them: system properties by their lower-case SQL names (``label`` is the
     subject, under both names; times in milliseconds), application
     properties as sent. Raise MalformedRecord for a record that breaks the
-    format (the receiver dead-letters it).
-
-    The engine's log scanner reads every record of a filtered topic with
-    this: text headers are read here directly rather than through
-    :func:`_decode_header`'s table of fields."""
+    format (the receiver dead-letters it)."""
     system: dict[str, Any] = {"sequencenumber": sequence_number(partition, offset),
                               "enqueuedtimeutc": timestamp_ms,
                               "size": len(value or b""), "label": None}
     user: dict[str, Any] = {}
     for name, raw in _pairs(headers):
-        key = _SYSTEM_NAMES.get(name)
-        if key is None:
-            if name == APPLICATION_PROPERTIES:
-                user = _decode_header(name, raw)["application_properties"]
-        elif name in _TEXT_HEADERS:
-            try:
-                text = (raw or b"").decode("utf-8")
-            except UnicodeDecodeError:
-                raise MalformedRecord(f"header {name!r} is not UTF-8") from None
-            if len(text) > MAX_ID_LENGTH and name in _ID_HEADERS:
-                _decode_header(name, raw)  # raises, saying what the limit is
-            system[key] = text
-        else:
-            (system[key],) = _decode_header(name, raw).values()
+        if name in _SYSTEM_NAMES:
+            (decoded,) = _decode_header(name, raw).values()
+            system[_SYSTEM_NAMES[name]] = decoded
+        elif name == APPLICATION_PROPERTIES:
+            user = _decode_header(name, raw)["application_properties"]
     system["subject"] = system["label"]
     return system, user
 
