@@ -65,6 +65,11 @@ _MAX_ERROR = 300
 #: session record and a list of offsets)
 MAX_SESSIONS_PER_ACCEPT = 1000
 
+#: how long a window that does not move on holds back the windows ahead of it
+#: (:meth:`LogScanner._read`): one no longer scanned, or whose accepts wait
+#: (the time of its commands partition not known), does not stop the others
+_PLACE_KEPT_S = 5.0
+
 #: dead letters looked at per scan for forward_dead_letters_to
 _DEAD_LETTERS_PER_SCAN = 1_000
 
@@ -78,12 +83,14 @@ class LogScanner:
         self._lock = threading.Lock()
         #: per log partition, one consumer and where it stands, for every
         #: window scanning it (a topic's subscriptions share it: a consumer
-        #: each fetched the topic ten times over), and those windows' keys
+        #: each fetched the topic ten times over), and where each of those
+        #: windows last read (beside it, the monotonic time it got there)
         self._consumers: dict[tuple[str, int], Consumer] = {}
         self._positions: dict[tuple[str, int], int] = {}
-        self._readers: dict[tuple[str, int], set[str]] = {}
-        #: per log partition, the records its last read returned (at most
-        #: MAX_RECORDS: bounded by the number of scanned log partitions)
+        self._readers: dict[tuple[str, int], dict[str, tuple[int, float]]] = {}
+        #: per log partition, the last MAX_RECORDS records its consumer read,
+        #: ending where it stands (bounded by the number of scanned log
+        #: partitions): the windows of a topic's subscriptions read them all
         self._recent: dict[tuple[str, int], list[_Read]] = {}
         #: window key -> message id -> (offset, enqueued ms), oldest first
         self._seen: dict[str, OrderedDict[str, tuple[int, int]]] = {}
@@ -250,7 +257,7 @@ class LogScanner:
         assert window.scanned is not None
         self._seen[key] = OrderedDict()
         since = int(time.time() * 1000) - window.duplicate_window_ms
-        consumer = self._consumer(key, tp)
+        consumer = self._consumer(tp)
         try:
             found = consumer.offsets_for_times([TopicPartition(*tp, since)], timeout=10)[0]
             start = found.offset if found.offset >= 0 else window.scanned
@@ -272,63 +279,59 @@ class LogScanner:
 
     def _read(self, key: str, tp: tuple[str, int], start: int, until: int | None = None
               ) -> list[_Read]:
-        if until is None and (recent := self._recently_read(tp, start)):
-            return recent
-        consumer = self._consumer(key, tp)
-        wait = 0.05
-        if self._positions.get(tp) != start:
+        """The records of ``tp`` from ``start`` on (before ``until``).
+
+        The windows reading ``tp`` (a topic's subscriptions) share one
+        consumer, which the window furthest behind drives: the records it
+        read are kept (the last MAX_RECORDS, ending where it stands), a window
+        within them is served from them, and a window past them waits until
+        the one behind has read up to it. The consumer is moved only by the
+        window furthest behind, and only when it is not within reach of the
+        consumer's reads. Before, a window behind moved it back, one ahead
+        moved it forward again, and each move waited out the fetch parked at
+        the log end (Apache Kafka: 500 ms): ten subscriptions that had drifted
+        apart (a window is scanned from up to a second after its subscription
+        is created) took turns moving it and drained 5-20 s late in about one
+        bench-topics run of four."""
+        readers = self._readers.setdefault(tp, {})
+        now = time.monotonic()
+        was = readers.get(key)
+        readers[key] = (start, was[1] if was is not None and was[0] == start else now)
+        kept = self._recent.get(tp, [])
+        if kept and kept[0].offset <= start:
+            first = bisect.bisect_left(kept, start, key=lambda r: r.offset)
+            if first < len(kept):
+                return _before(kept[first:], until)
+        if start > min(place for place, since in readers.values()
+                       if now - since < _PLACE_KEPT_S or place == start):
+            return []  # served once the window behind has read up to here
+        consumer = self._consumer(tp)
+        position = self._positions.get(tp)
+        if position is not None and (kept[0].offset if kept else position) <= start <= (
+                position + MAX_RECORDS):
+            if _read_to_end(consumer, tp, position):
+                # Nothing appended since the last read: no wait for it. Every
+                # window scanned in a round waited 50 ms for nothing before, so
+                # a queue's scan took turns with each idle one (100,000 new
+                # sessions beside two idle session queues: accepted in 19 s,
+                # 7.4 s alone).
+                return []
+        else:
             end = _known_end(consumer, tp)
-            if until is None and end is not None and start >= end:
-                return []  # nothing past start, as the last fetch saw the log: no seek
+            if end is not None and start >= end:
+                return []  # nothing past start, as the last fetch saw the log: no move
             consumer.assign([TopicPartition(*tp, start)])
             self._positions[tp] = start
-            if end is not None:
-                # Records are there, but the consumer's last fetch may be
-                # parked at the log end for the broker's whole fetch wait, and
-                # the fetch from here goes out after it. Waiting 50 ms, each
-                # window behind the others (they take turns moving the
-                # consumer) read nothing, round after round: a topic's
-                # subscriptions were drained 2-24 s late in 1 bench-topics run
-                # of 4 (2026-11-27).
-                wait = self._settings.profile.fetch_max_wait_ms / 1000 + 0.1
-        elif until is None and _read_to_end(consumer, tp, start):
-            # Nothing appended since the last read: no wait for it. Every
-            # window scanned in a round waited 50 ms for nothing before, so
-            # a queue's scan took turns with each idle one (100,000 new
-            # sessions beside two idle session queues: accepted in 19 s,
-            # 7.4 s alone).
-            return []
-        records = [_Read(r) for r in take(consumer, MAX_RECORDS, wait) if r.error() is None]
-        if until is not None:
-            records = [r for r in records if r.offset < until]
+            self._recent[tp] = kept = []
+        records = [_Read(r) for r in take(consumer, MAX_RECORDS, 0.05) if r.error() is None]
         if records:
             self._positions[tp] = records[-1].offset + 1
-            if until is None:
-                self._keep_recent(tp, records)
-        return records
+            self._recent[tp] = (kept + records)[-MAX_RECORDS:]
+        first = bisect.bisect_left(records, start, key=lambda r: r.offset)
+        return _before(records[first:], until)
 
-    def _keep_recent(self, tp: tuple[str, int], records: list[_Read]) -> None:
-        """Keep the last ``MAX_RECORDS`` records read of ``tp``: a read that
-        goes on where the kept ones end is added to them, so subscriptions
-        scanning at different paces still share one parse of each record."""
-        recent = self._recent.get(tp)
-        if recent and recent[-1].offset + 1 == records[0].offset:
-            records = (recent + records)[-MAX_RECORDS:]
-        self._recent[tp] = records
-
-    def _recently_read(self, tp: tuple[str, int], start: int) -> list[_Read]:
-        """Records from ``start`` on that the last read of ``tp`` returned:
-        the subscriptions of one topic scan the same offsets one after the
-        other, so its log is read once for all of them."""
-        recent = self._recent.get(tp)
-        if not recent or not recent[0].offset <= start <= recent[-1].offset:
-            return []
-        first = bisect.bisect_left(recent, start, key=lambda r: r.offset)
-        return recent[first:]
-
-    def _consumer(self, key: str, tp: tuple[str, int]) -> Consumer:
-        """The consumer of log partition ``tp``, which window ``key`` reads."""
-        self._readers.setdefault(tp, set()).add(key)
+    def _consumer(self, tp: tuple[str, int]) -> Consumer:
+        """The consumer of log partition ``tp``."""
         if tp not in self._consumers:
             self._consumers[tp] = Consumer(
                 self._settings.consumer_config(f"scanner-{uuid.uuid4().hex[:8]}"))
@@ -341,10 +344,12 @@ class LogScanner:
         embedded broker."""
         with self._lock:
             for tp, readers in list(self._readers.items()):
-                readers.discard(key)
+                readers.pop(key, None)
                 if not readers:  # the last window reading it
                     del self._readers[tp]
-                    self._consumers.pop(tp).close()
+                    consumer = self._consumers.pop(tp, None)
+                    if consumer is not None:
+                        consumer.close()
                     self._positions.pop(tp, None)
                     self._recent.pop(tp, None)
             self._at_end.pop(key, None)
@@ -364,6 +369,11 @@ def _read_to_end(consumer: Consumer, tp: tuple[str, int], position: int) -> bool
     answers as soon as one comes; Tansu within its short fetch wait)."""
     end = _known_end(consumer, tp)
     return end is not None and position >= end
+
+
+def _before(records: list[_Read], until: int | None) -> list[_Read]:
+    """``records`` before offset ``until`` (all of them when None)."""
+    return records if until is None else [r for r in records if r.offset < until]
 
 
 def _known_end(consumer: Consumer, tp: tuple[str, int]) -> int | None:

@@ -1,0 +1,129 @@
+"""The engine's log scanner (streams.log_scanner) reading one log for
+windows that stand at different offsets, as the subscriptions of a topic do,
+on a real broker."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from streams import log_scanner
+from streams.log_scanner import MAX_RECORDS, LogScanner
+from tests.helpers import Broker
+from topics.connection import parse_connection_string
+
+
+class _CountedMoves:
+    """The scanner's consumer, noting where it is moved to (``assign``)."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self._consumer = consumer
+        self.moves: list[int] = []
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.moves.append(partitions[0].offset)
+        self._consumer.assign(partitions)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+
+def _scanner_of_log(broker: Broker, records: int
+                    ) -> tuple[LogScanner, tuple[str, int], _CountedMoves, Callable[[int], None]]:
+    """A scanner with a counted consumer of a new one-partition log of
+    ``records`` records, and what appends more records to it."""
+    settings = parse_connection_string(broker.connection_string(f"t{uuid.uuid4().hex[:8]}"))
+    topic = f"{settings.namespace}.scanned-{uuid.uuid4().hex[:6]}"
+    config: dict[str, str | int | float | bool] = {"bootstrap.servers": settings.bootstrap_servers}
+    admin = AdminClient(config)  # kept until the topic is made: its futures need it
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    producer = Producer(config)
+
+    def append(count: int) -> None:
+        for i in range(count):
+            producer.produce(topic, f"record {i}".encode())
+            producer.poll(0)
+        assert producer.flush(30) == 0
+
+    append(records)
+    scanner = LogScanner(settings, lambda: None)  # type: ignore[arg-type,return-value]
+    tp = (topic, 0)
+    counted = _CountedMoves(scanner._consumer(tp))
+    scanner._consumers[tp] = counted  # type: ignore[assignment]
+    return scanner, tp, counted, append
+
+
+def _read_in_rounds(scanner: LogScanner, tp: tuple[str, int], starts: dict[str, int],
+                    end: int) -> dict[str, list[int]]:
+    """Each window reads from where it stands, one read a round, as the scan
+    timer takes them, until each has read to ``end``: the offsets each got."""
+    got: dict[str, list[int]] = {key: [] for key in starts}
+    deadline = time.monotonic() + 60
+    while any(start < end for start in starts.values()):
+        assert time.monotonic() < deadline, f"windows stand at {starts} of {end} after 60 s"
+        for key, start in starts.items():
+            if start < end:
+                offsets = [read.offset for read in scanner._read(key, tp, start)]
+                got[key] += offsets
+                starts[key] = offsets[-1] + 1 if offsets else start
+    return got
+
+
+def test_windows_apart_share_one_forward_read_of_their_log(broker: Broker) -> None:
+    """Windows up to MAX_RECORDS apart are served by one consumer reading the
+    log forward, once: it is never moved back for the one behind nor forward
+    for the one ahead (each move waits out the fetch parked at the log end,
+    500 ms on Apache Kafka: ten subscriptions that had drifted apart took
+    turns moving it and drained 10-20 s late). Each window gets every record
+    from where it stands, in order, once."""
+    records = 6_000
+    scanner, tp, consumer, _ = _scanner_of_log(broker, records)
+    try:
+        starts = {"w0": 0, "w1": 2_400, "w2": 4_800}
+        got = _read_in_rounds(scanner, tp, dict(starts), records)
+        assert {key: got[key] == list(range(start, records)) for key, start in starts.items()} \
+            == {key: True for key in starts}
+        assert consumer.moves == [0]
+    finally:
+        scanner.close()
+
+
+def test_a_window_behind_the_kept_records_moves_the_consumer_back_once(broker: Broker) -> None:
+    """A window behind what the scanner keeps (a subscription created later,
+    or one whose accept was refused) moves the consumer back; the windows
+    ahead of it then read on through the gap rather than moving it again."""
+    records = MAX_RECORDS * 2
+    scanner, tp, consumer, _ = _scanner_of_log(broker, records)
+    try:
+        assert _read_in_rounds(scanner, tp, {"w0": 0}, records)["w0"] == list(range(records))
+        starts = {"w1": 100, "w2": 3_000}
+        got = _read_in_rounds(scanner, tp, dict(starts), records)
+        assert {key: got[key] == list(range(start, records)) for key, start in starts.items()} \
+            == {key: True for key in starts}
+        assert consumer.moves == [0, 100]
+    finally:
+        scanner.close()
+
+
+def test_a_window_that_stops_reading_holds_the_others_back_only_for_a_while(
+        broker: Broker, monkeypatch: Any) -> None:
+    """Where a window last read stops counting after ``_PLACE_KEPT_S`` (its
+    subscription deleted, say): the windows ahead of it then read on."""
+    monkeypatch.setattr(log_scanner, "_PLACE_KEPT_S", 0.5)
+    scanner, tp, _, append = _scanner_of_log(broker, 1_000)
+    try:
+        read = _read_in_rounds(scanner, tp, {"gone": 0}, 1)["gone"]  # then never scanned again
+        append(1_000)
+        ahead = len(read) + 500
+        waited = [scanner._read("ahead", tp, ahead) for _ in range(3)]
+        assert waited == [[], [], []]  # for the window behind, which drives the consumer
+        time.sleep(0.6)
+        assert _read_in_rounds(scanner, tp, {"ahead": ahead}, 2_000)["ahead"] \
+            == list(range(ahead, 2_000))
+    finally:
+        scanner.close()
