@@ -61,6 +61,14 @@ class Kept:
         self._records: OrderedDict[int, Message] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        #: held by a reader reading scattered offsets of the partition: one
+        #: reads at a time, and the others then take what it read past (the
+        #: receivers of a topic's ten subscriptions, each reading every tenth
+        #: record, read the log ten times over side by side: their first reads
+        #: took 0.4-1.4 s). Offsets granted together are read without it: four
+        #: receivers of a queue waiting for each other settled 9,882 msg/s
+        #: instead of 16,117 in make bench.
+        self.reading = threading.Lock()
         #: what a record weighs, a running mean
         self.record_bytes = float(_FIRST_RECORD_BYTES)
 
@@ -143,6 +151,22 @@ class PartitionReader:
         found: dict[int, Message | None] = dict(self._kept.take(offsets))
         wanted = sorted(set(offsets) - set(found))
         deadline = time.monotonic() + timeout
+        if not wanted or wanted[-1] - wanted[0] < 2 * len(wanted):
+            # Together (a queue's grants): what lies between is nobody else's.
+            return self._read_through(wanted, found, deadline, timeout)
+        if not self._kept.reading.acquire(timeout=timeout):
+            raise ServiceBusCommunicationError(
+                f"could not read offsets of {self._tp.topic}[{self._tp.partition}] within "
+                f"{timeout}s: another reader of it did not finish")
+        try:
+            found.update(self._kept.take(offsets))  # what the reader before read past
+            return self._read_through(sorted(set(offsets) - set(found)), found, deadline,
+                                      timeout)
+        finally:
+            self._kept.reading.release()
+
+    def _read_through(self, wanted: list[int], found: dict[int, Message | None],
+                      deadline: float, timeout: float) -> dict[int, Message | None]:
         while wanted:
             if time.monotonic() > deadline:
                 raise ServiceBusCommunicationError(
