@@ -1,0 +1,61 @@
+"""The client's readers of an entity's log (settlement._log_reader), on a
+real broker."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+from confluent_kafka import Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from settlement._log_reader import ReaderPool
+from tests.helpers import Broker
+from topics.connection import parse_connection_string
+
+
+def test_readers_of_one_partition_reading_scattered_offsets_side_by_side_each_get_theirs(
+        broker: Broker) -> None:
+    """The receivers of a topic's subscriptions each read every Nth record of
+    one log at once: one reads at a time and the others take what it read
+    past. Each gets its own records, every one, whatever the order."""
+    settings = parse_connection_string(broker.connection_string(f"t{uuid.uuid4().hex[:8]}"))
+    topic = f"{settings.namespace}.read-{uuid.uuid4().hex[:6]}"
+    config: dict[str, str | int | float | bool] = {"bootstrap.servers": settings.bootstrap_servers}
+    admin = AdminClient(config)  # kept until the topic is made: its futures need it
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    producer = Producer(config)
+    records, readers = 6_000, 5
+    for i in range(records):
+        producer.produce(topic, f"record {i}".encode())
+        producer.poll(0)
+    assert producer.flush(30) == 0
+
+    pool = ReaderPool(settings)
+    got: dict[int, dict[int, Message | None]] = {}
+    errors: list[BaseException] = []
+
+    def read(k: int) -> None:
+        reader = pool.take(topic, 0)
+        try:
+            # two reads each, as a receiver's two batches
+            mine = list(range(k, records, readers))
+            half = len(mine) // 2
+            got[k] = {**reader.read(mine[:half]), **reader.read(mine[half:])}
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            pool.give_back(reader)
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(readers)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        for k in range(readers):
+            values = {o: (r.value() if r is not None else None) for o, r in got[k].items()}
+            assert values == {o: f"record {o}".encode() for o in range(k, records, readers)}
+    finally:
+        pool.close()
