@@ -159,8 +159,8 @@ class PartitionReader:
                 f"could not read offsets of {self._tp.topic}[{self._tp.partition}] within "
                 f"{timeout}s: another reader of it did not finish")
         try:
-            found.update(self._kept.take(offsets))  # what the reader before read past
-            return self._read_through(sorted(set(offsets) - set(found)), found, deadline,
+            found.update(self._kept.take(wanted))  # what the reader before read past
+            return self._read_through([o for o in wanted if o not in found], found, deadline,
                                       timeout)
         finally:
             self._kept.reading.release()

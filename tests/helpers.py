@@ -7,17 +7,20 @@ import json
 import os
 import re
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from settlement import ServiceBusClient, ServiceBusReceivedMessage
 from settlement.testing.apache_kafka import KafkaCluster
 from settlement.testing.embedded import EmbeddedBroker
 from streams.process import EngineProcess
 from topics import names
+from topics.connection import ConnectionSettings, parse_connection_string
 from topics.entities import DEFAULT_ENGINE_PARTITIONS
 
 #: The broker of this test session: ``kafka`` (Apache Kafka, the default) or ``tansu``.
@@ -162,3 +165,25 @@ def drive_topic_workload(client: ServiceBusClient, admin: Any, topic: str) -> tu
     with client.get_subscription_receiver(topic, "all") as receiver:
         receiver.complete_messages(receive_exactly(receiver, 12))
     return names.subscription_path(topic, "eu"), names.subscription_path(topic, "all")
+
+
+def one_partition_log(broker: Broker) -> tuple[ConnectionSettings, str, Callable[[int], None]]:
+    """A new namespace's settings, a new one-partition log in it, and what
+    appends ``count`` records to it (record N's value: ``b"record N"``)."""
+    settings = parse_connection_string(broker.connection_string(f"t{uuid.uuid4().hex[:8]}"))
+    topic = f"{settings.namespace}.log-{uuid.uuid4().hex[:6]}"
+    config: dict[str, str | int | float | bool] = {"bootstrap.servers": settings.bootstrap_servers}
+    admin = AdminClient(config)  # kept until the topic is made: its futures need it
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    producer = Producer(config)
+    appended = 0
+
+    def append(count: int) -> None:
+        nonlocal appended
+        for i in range(appended, appended + count):
+            producer.produce(topic, f"record {i}".encode())
+            producer.poll(0)
+        assert producer.flush(30) == 0
+        appended += count
+
+    return settings, topic, append

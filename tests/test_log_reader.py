@@ -4,14 +4,11 @@ real broker."""
 from __future__ import annotations
 
 import threading
-import uuid
 
-from confluent_kafka import Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Message
 
 from settlement._log_reader import ReaderPool
-from tests.helpers import Broker
-from topics.connection import parse_connection_string
+from tests.helpers import Broker, one_partition_log
 
 
 def test_readers_of_one_partition_reading_scattered_offsets_side_by_side_each_get_theirs(
@@ -19,17 +16,9 @@ def test_readers_of_one_partition_reading_scattered_offsets_side_by_side_each_ge
     """The receivers of a topic's subscriptions each read every Nth record of
     one log at once: one reads at a time and the others take what it read
     past. Each gets its own records, every one, whatever the order."""
-    settings = parse_connection_string(broker.connection_string(f"t{uuid.uuid4().hex[:8]}"))
-    topic = f"{settings.namespace}.read-{uuid.uuid4().hex[:6]}"
-    config: dict[str, str | int | float | bool] = {"bootstrap.servers": settings.bootstrap_servers}
-    admin = AdminClient(config)  # kept until the topic is made: its futures need it
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
-    producer = Producer(config)
+    settings, topic, append = one_partition_log(broker)
     records, readers = 6_000, 5
-    for i in range(records):
-        producer.produce(topic, f"record {i}".encode())
-        producer.poll(0)
-    assert producer.flush(30) == 0
+    append(records)
 
     pool = ReaderPool(settings)
     got: dict[int, dict[int, Message | None]] = {}

@@ -5,17 +5,14 @@ on a real broker."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, TopicPartition
 
 from streams import log_scanner
 from streams.log_scanner import MAX_RECORDS, LogScanner
-from tests.helpers import Broker
-from topics.connection import parse_connection_string
+from tests.helpers import Broker, one_partition_log
 
 
 class _CountedMoves:
@@ -37,19 +34,7 @@ def _scanner_of_log(broker: Broker, records: int
                     ) -> tuple[LogScanner, tuple[str, int], _CountedMoves, Callable[[int], None]]:
     """A scanner with a counted consumer of a new one-partition log of
     ``records`` records, and what appends more records to it."""
-    settings = parse_connection_string(broker.connection_string(f"t{uuid.uuid4().hex[:8]}"))
-    topic = f"{settings.namespace}.scanned-{uuid.uuid4().hex[:6]}"
-    config: dict[str, str | int | float | bool] = {"bootstrap.servers": settings.bootstrap_servers}
-    admin = AdminClient(config)  # kept until the topic is made: its futures need it
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
-    producer = Producer(config)
-
-    def append(count: int) -> None:
-        for i in range(count):
-            producer.produce(topic, f"record {i}".encode())
-            producer.poll(0)
-        assert producer.flush(30) == 0
-
+    settings, topic, append = one_partition_log(broker)
     append(records)
     scanner = LogScanner(settings, lambda: None)  # type: ignore[arg-type,return-value]
     tp = (topic, 0)
