@@ -51,6 +51,7 @@ from topics.commands import (
     SettleArgs,
     decode_reply,
     encode_command,
+    wake_headers,
 )
 from topics.connection import ConnectionSettings
 from topics.errors import ErrorCode
@@ -92,6 +93,9 @@ class EngineLink:
         #: entity -> time.monotonic() before which it is not sent to (busy)
         self._busy_until: dict[str, float] = {}
         self._commands_topic = names.commands(settings.namespace)
+        #: whether a command waited for is padded to wake the engine's fetch
+        #: (topics.commands.WAKE_BYTES)
+        self._wakes = settings.profile.wakes_waiting_fetches
         self._producer = Producer({**settings.kafka_config(), "acks": "all",
                                    "enable.idempotence": True, "linger.ms": 0})
         metadata = self._producer.list_topics(timeout=10)
@@ -286,8 +290,10 @@ class EngineLink:
         """Hand ``cmd`` to the producer, waiting while its queue is full."""
         while True:
             try:
+                raw = encode_command(cmd)
                 self._producer.produce(
-                    self._commands_topic, encode_command(cmd), key=cmd.window_key.encode(),
+                    self._commands_topic, raw, key=cmd.window_key.encode(),
+                    headers=wake_headers(raw) if self._wakes else None,
                     partition=command_partition(cmd.window_key, self._engine_partitions),
                     on_delivery=delivered)
                 break

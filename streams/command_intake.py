@@ -34,6 +34,7 @@ from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaException, TopicPartition
 
+from topics.commands import QUIET_FETCH_WAIT_MS, WAKE_BYTES
 from topics.connection import ConnectionSettings
 from topics.offsets import position_of, take
 
@@ -106,7 +107,13 @@ class CommandIntake:
         #: passed, with what arrived meanwhile (:meth:`_join_later`)
         self._may_wait = may_wait
         self._linger = linger
-        self._consumer = Consumer(settings.consumer_config(READER))
+        config = settings.consumer_config(READER)
+        if settings.profile.wakes_waiting_fetches:
+            # commands nobody waits for are read a few to a fetch; one
+            # somebody waits for wakes the fetch (topics.commands.WAKE_BYTES)
+            config.update({"fetch.min.bytes": WAKE_BYTES,
+                           "fetch.wait.max.ms": QUIET_FETCH_WAIT_MS})
+        self._consumer = Consumer(config)
         #: partition -> the next offset to hand out (records before it are repeats)
         self._next: dict[int, int] = {}
         #: partition -> the offset after the last applied command, not yet committed

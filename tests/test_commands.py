@@ -22,6 +22,7 @@ from topics.commands import (
     OP_INFO,
     OPERATIONS,
     TICK_KEY,
+    WAKE_BYTES,
     AcquireArgs,
     AcquireDeferredArgs,
     Action,
@@ -49,6 +50,7 @@ from topics.commands import (
     decode_command,
     encode_command,
     lock_token,
+    wake_headers,
 )
 from topics.errors import ErrorCode
 from topics.events import event_record, merge_event, own_event
@@ -119,6 +121,21 @@ def test_only_ticks_and_quiet_settlements_are_read_as_answered_by_no_one() -> No
         raw = encode_command(Command("id1", "orders", 0, args, ReplyAddress(0, "c")))
         assert not answered_by_no_one(b"orders#0", raw), args
     assert not answered_by_no_one(b"orders#0", None)
+
+
+def test_every_command_somebody_waits_for_carries_the_bytes_that_wake_the_engines_fetch(
+        ) -> None:
+    """The engine's fetches wait for WAKE_BYTES (Apache Kafka): a command
+    waited for carries them, so it is read at once; a quiet settlement
+    carries nothing, and waits for company."""
+    for args in EVERY_CLIENT_ARGS:
+        raw = encode_command(Command("id1", "orders", 0, args, ReplyAddress(0, "c")))
+        headers = wake_headers(raw)
+        if isinstance(args, SettleArgs) and args.quiet:
+            assert headers is None
+            continue
+        assert headers is not None, args
+        assert sum(len(name) + len(value or b"") for name, value in headers) >= WAKE_BYTES
 
 
 def test_op_metadata_is_declared_for_every_op() -> None:
