@@ -288,14 +288,14 @@ class EngineLink:
     def _produce(self, cmd: Command[ClientArgs],
                  delivered: Callable[[KafkaError | None, Message], None]) -> None:
         """Hand ``cmd`` to the producer, waiting while its queue is full."""
+        raw = encode_command(cmd)  # once, however long the queue stays full
+        headers = wake_headers(raw) if self._wakes else None
+        key = cmd.window_key.encode()
+        partition = command_partition(cmd.window_key, self._engine_partitions)
         while True:
             try:
-                raw = encode_command(cmd)
-                self._producer.produce(
-                    self._commands_topic, raw, key=cmd.window_key.encode(),
-                    headers=wake_headers(raw) if self._wakes else None,
-                    partition=command_partition(cmd.window_key, self._engine_partitions),
-                    on_delivery=delivered)
+                self._producer.produce(self._commands_topic, raw, key=key, headers=headers,
+                                       partition=partition, on_delivery=delivered)
                 break
             except BufferError:  # the delivery thread makes room
                 time.sleep(0.01)
