@@ -490,11 +490,14 @@ def settle_per_message_threads(key: str, client: ServiceBusClient, queue: str,
     stop = threading.Event()
     errors: list[BaseException] = []
     at_stop = {"settled": 0}
+    # counted as they come: a sum over the counter for each message cost the
+    # callers 45 us each at 10,000 ids, under the lock (6-11 % of a phase)
+    done = {"settled": 0}
 
     def stop_clock(timer: Timed) -> None:
         if not stop.is_set():
             timer.stop()
-            at_stop["settled"] = sum(settled.values())
+            at_stop["settled"] = done["settled"]
             stop.set()
 
     def work(receiver: Any, timer: Timed) -> None:
@@ -511,7 +514,8 @@ def settle_per_message_threads(key: str, client: ServiceBusClient, queue: str,
                         continue
                     with lock:
                         settled[m.message_id] += 1
-                        if sum(settled.values()) + len(failures) >= len(ids):
+                        done["settled"] += 1
+                        if done["settled"] + len(failures) >= len(ids):
                             stop_clock(timer)
         except BaseException as exc:  # report, do not hang the bench
             errors.append(exc)
@@ -564,16 +568,17 @@ def sdk_loop(client: ServiceBusClient, queue: str, ids: list[str], meter: CpuMet
     receiver = client.get_queue_receiver(queue, max_wait_time=IDLE_S)
     received: Counter[str] = Counter()
     settled: Counter[str] = Counter()
-    failures = 0
+    failures = completed = 0
     with Timed(meter) as t:
         for message in receiver:
             received[message.message_id] += 1
             try:
                 receiver.complete_message(message)
                 settled[message.message_id] += 1
+                completed += 1
             except ServiceBusError:
                 failures += 1
-            if sum(settled.values()) + failures >= len(ids):
+            if completed + failures >= len(ids):
                 break
     check = final_check([receiver], ids, received, settled, failures, 100)
     return Phase("sdk_loop", "for m in receiver: complete_message(m), one thread",

@@ -238,20 +238,23 @@ class SessionDrain:
     settled: Counter[str] = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
     order: dict[str, list[int]] = field(default_factory=dict)  # message numbers, as received
+    #: completions so far, counted as they come (not summed again per session)
+    completed: int = 0
 
     def add(self, hold: Hold) -> None:
         with self.lock:
             self.holds.append(hold)
             self.received.update(hold.ids)
             self.settled.update(hold.settled)
+            self.completed += len(hold.settled)
             self.failures += hold.failures
             self.order.setdefault(hold.session, []).extend(
                 int(i.rsplit("-", 1)[1]) for i in hold.ids)
-            if sum(self.settled.values()) + len(self.failures) >= self.expected:
+            if self.completed + len(self.failures) >= self.expected:
                 self.timer.stop()
             if len(self.holds) % 1000 == 0:
                 print(f"    {len(self.holds):,} sessions held, "
-                      f"{sum(self.settled.values()):,} messages completed", flush=True)
+                      f"{self.completed:,} messages completed", flush=True)
 
 
 @dataclass
