@@ -215,7 +215,14 @@ class Entries:
     def first_offset(self, at_least: int = 0) -> int | None:
         """The lowest offset that has an entry; ``at_least``: none is below it."""
         self.flush()
-        found = self._txn.first(self._chunk_prefix + _hex(at_least // CHUNK),
+        # The chunk of ``at_least`` first, by its key: it is the one a command
+        # settling the oldest messages has just read, and a range read of
+        # RocksDB (an iterator, a seek) cost the engine 10-13 % of its main
+        # thread while one thread completed messages one by one.
+        offsets = self._chunk(at_least // CHUNK).offsets()
+        if offsets:
+            return offsets[0]
+        found = self._txn.first(self._chunk_prefix + _hex(at_least // CHUNK + 1),
                                 self._chunk_prefix + b"~")
         if found is None:
             return None
