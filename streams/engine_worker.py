@@ -16,6 +16,7 @@ it would after a crash, saying so.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 
 #: how long a shutdown may wait for Kafka before the worker exits anyway
 STOP_GRACE_S = 8.0
+#: allocations between two collections of the youngest objects (CPython's default: 700)
+YOUNG_COLLECTION = 20_000
 #: the loggers of the Kafka clients in the engine process (librdkafka's lines
 #: pass its own filter first: topics.connection; this one bounds them all
 #: together)
@@ -42,6 +45,17 @@ class EngineWorker(faust.Worker):
     def __init__(self, app: faust.App, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self._waiting = WaitingForKafka(_CLIENT_LOGGERS)
+
+    async def on_startup_finished(self) -> None:
+        await super().on_startup_finished()
+        # What the start made (modules, Faust's services, the tables' stores)
+        # lives as long as the worker: the collector need not walk it again
+        # and again. Each command leaves many short-lived containers behind;
+        # collecting the young ones every YOUNG_COLLECTION allocations rather
+        # than every 700 (a full collection took the engine 37 ms, 3 of them
+        # in 2 s while a queue was drained 1,000 at a time).
+        gc.freeze()
+        gc.set_threshold(YOUNG_COLLECTION, *gc.get_threshold()[1:])
 
     def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
         super().on_setup_root_logger(logger, level)
