@@ -66,7 +66,7 @@ class Usage:
             try:
                 with open(f"/proc/self/task/{task}/comm") as comm:
                     names.append(comm.read().strip())
-            except FileNotFoundError:  # ended meanwhile
+            except (FileNotFoundError, ProcessLookupError):  # ended meanwhile (ESRCH: mid-read)
                 continue
         kinds = []
         for fd in os.listdir("/proc/self/fd"):
