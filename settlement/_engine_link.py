@@ -288,6 +288,8 @@ class EngineLink:
     def _produce(self, cmd: Command[ClientArgs],
                  delivered: Callable[[KafkaError | None, Message], None]) -> None:
         """Hand ``cmd`` to the producer, waiting while its queue is full."""
+        if self._closed.is_set():  # a call still running on another thread
+            raise ValueError("the client is closed: create a new ServiceBusClient")
         raw = encode_command(cmd)  # once, however long the queue stays full
         headers = wake_headers(raw) if self._wakes else None
         key = cmd.window_key.encode()

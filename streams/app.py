@@ -152,6 +152,8 @@ def stored_headers() -> list[tuple[bytes, bytes | None]]:
     twice a second, spent most of its time there: 4 % of the engine's main
     thread while a queue was drained in batches of 100)."""
     return list(iter(headers.items()))
+
+
 #: Every record the engine writes goes through a sender (streams.record_sender),
 #: in order; three senders, each a producer with connections of its own, as a
 #: broker answers the requests of one connection one after the other: what

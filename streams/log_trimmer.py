@@ -27,6 +27,7 @@ grows: an old copy of it trims less, never more).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -35,7 +36,7 @@ from collections import deque
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from streams.app import app, headers, settings
+from streams.app import app, settings, stored_headers
 from streams.command_agent import definitions
 from streams.window import InflightWindow
 from topics import names
@@ -90,6 +91,11 @@ class LogTrimmer:
                 future.result(timeout=30)
             except KafkaException as exc:  # a deleted queue, a moving leader: next time
                 log.info("could not trim %s[%d] to %d: %s", *tp, request.offset, exc)
+                # librdkafka's admin client does not look a partition's leader
+                # up again after "not leader": without this, it asked the old
+                # one (a node killed, say) until its next periodic refresh.
+                with contextlib.suppress(KafkaException):  # brokers away: next time
+                    self._admin.list_topics(request.topic, timeout=10)
                 continue
             self._trimmed[tp] = request.offset
             log.debug("log start of %s[%d] is now %d", *tp, request.offset)
@@ -137,7 +143,7 @@ if settings.profile.deletes_records:
 
     @app.timer(interval=TRIM_INTERVAL_S)
     async def trim_entity_logs() -> None:
-        stored = [raw for raw in list(headers.values()) if raw]
+        stored = [raw for _, raw in stored_headers() if raw]
         try:
             await asyncio.to_thread(_trimmer.trim, stored, _subscriptions())
         except Exception:  # never let trimming stop the engine; the next pass retries

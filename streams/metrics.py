@@ -41,7 +41,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from streams import command_agent
-from streams.app import app, headers
+from streams.app import app, stored_headers
 from streams.window import InflightWindow
 from topics.commands import Command, SettleArgs
 from topics.errors import ErrorCode
@@ -161,7 +161,7 @@ async def _engine_view() -> list[Metric]:
     if not app.consumer.assignment():  # not started, or between rebalances
         return [windows, locks, messages, lag]
     per_entity: dict[str, dict[str, int]] = {}
-    for raw in list(headers.values()):
+    for _, raw in stored_headers():
         if not raw:
             continue
         summary = InflightWindow.from_header(raw).summary()

@@ -187,3 +187,20 @@ def one_partition_log(broker: Broker) -> tuple[ConnectionSettings, str, Callable
         appended += count
 
     return settings, topic, append
+
+
+def log_start(client: ServiceBusClient, log: str) -> int:
+    """The start of partition 0 of the Kafka topic ``log``."""
+    consumer = Consumer(client.settings.consumer_config("trim-check"))
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(log, 0), timeout=10)[0]
+    finally:
+        consumer.close()
+
+
+def wait_for_log_start(client: ServiceBusClient, log: str, expected: int) -> None:
+    """Wait until the engine trimmed partition 0 of ``log`` to ``expected``."""
+    deadline = time.monotonic() + 45  # every 5 s, to where it could 10 s before
+    while (start := log_start(client, log)) != expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert start == expected, f"the log start of {log} is {start}, not {expected}"

@@ -31,7 +31,7 @@ from settlement.exceptions import ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
 from spark.audit import run_audit
 from streams.process import EngineProcess
-from tests.helpers import receive_exactly, shared_partitions
+from tests.helpers import receive_exactly, shared_partitions, wait_for_log_start
 from topics import names
 from topics.partitions import command_partition
 
@@ -93,9 +93,18 @@ class Load:
                 time.sleep(0.2)
         receiver.close()
 
-    def wait_until_completed(self, count: int, timeout: float) -> None:
+    def wait_until_completed(self, count: int, timeout: float, *engines: EngineProcess) -> None:
+        """Wait until ``count`` messages were completed; past ``timeout``
+        seconds, stop the load and fail with what it and ``engines`` logged
+        (within the test's own time limit, so that the cause is shown)."""
         deadline = time.monotonic() + timeout
-        while len({c[0] for c in self.completed}) < count and time.monotonic() < deadline:
+        while (done := len({c[0] for c in self.completed})) < count:
+            if time.monotonic() >= deadline:
+                self._stop.set()
+                tails = "\n".join(e.log_path.read_text(errors="replace")[-3000:]
+                                  for e in engines)
+                raise AssertionError(f"{self.queue}: {done} of {count} completed in {timeout} s;"
+                                     f" receivers' errors: {self.errors[-5:]}\n{tails}")
             time.sleep(0.1)
 
     def check_each_completed_once(self) -> None:
@@ -112,7 +121,7 @@ class Load:
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
-            thread.join(timeout=120)
+            thread.join(timeout=60)
 
 
 class KafkaCommand:
@@ -208,11 +217,11 @@ def test_leader_killed_under_load_then_whole_cluster_restarted(
         topic = names.entity_log(client.settings.namespace, "work")
         load = Load(client, "work")
         load.start()
-        load.wait_until_completed(TOTAL // 4, 120)
+        load.wait_until_completed(TOTAL // 4, 90, engine)
         victim = _leader(cluster.bootstrap, topic)
         os.kill(cluster.pid(victim), signal.SIGKILL)
         killed_at = time.monotonic()
-        load.wait_until_completed(TOTAL, 240)
+        load.wait_until_completed(TOTAL, 150, engine)
         load.stop()
 
         sends_after = [at for _, at in load.sent if at > killed_at]
@@ -233,6 +242,7 @@ def test_leader_killed_under_load_then_whole_cluster_restarted(
         assert not _overlapping_locks(load.locks, load.completed)
         report = run_audit(spark, conn, ["work"])
         assert report.ok and report.messages >= TOTAL - 1, report.summary()
+        wait_for_log_start(client, topic, TOTAL)  # trimmed on the new leader too
 
         # Leave work behind: active, deferred and dead-lettered messages.
         with client.get_queue_sender("work") as sender:
@@ -310,11 +320,11 @@ def test_one_of_three_engine_workers_killed_under_load_loses_nothing(tmp_path: P
         for load in loads:
             load.start()
         for load in loads:
-            load.wait_until_completed(load.total // 4, 120)
+            load.wait_until_completed(load.total // 4, 90, *workers)
         victim, *survivors = workers
         victim.kill()
         for load in loads:
-            load.wait_until_completed(load.total, 150)
+            load.wait_until_completed(load.total, 150, *survivors)
         for load in loads:
             load.stop()
         for load in loads:

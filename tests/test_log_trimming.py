@@ -4,31 +4,12 @@ history; nothing unsettled is ever deleted."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-
-from confluent_kafka import Consumer, TopicPartition
 
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from settlement.management import ServiceBusAdministrationClient
-from tests.helpers import receive_exactly
+from tests.helpers import receive_exactly, wait_for_log_start
 from topics import names
-
-
-def log_start(client: ServiceBusClient, log: str) -> int:
-    """The start of partition 0 of the Kafka topic ``log``."""
-    consumer = Consumer(client.settings.consumer_config("trim-check"))
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(log, 0), timeout=10)[0]
-    finally:
-        consumer.close()
-
-
-def wait_for_log_start(client: ServiceBusClient, log: str, expected: int) -> None:
-    deadline = time.monotonic() + 45  # every 5 s, to where it could 10 s before
-    while (start := log_start(client, log)) != expected and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert start == expected
 
 
 def test_log_start_advances_to_the_oldest_message_still_needed(
