@@ -170,35 +170,55 @@ class ReceivedProperties(dict[str, Any]):
 class ServiceBusReceivedMessage(ServiceBusMessage):
     """A received message; settle it through the receiver that received it."""
 
+    # What a received message does not carry is read from these class-level
+    # defaults: the constructor stores only what it is given. One is built for
+    # every record received, and thirty assignments each time were a third of
+    # that (decoding a record and building its message: 11.5 -> 8.6 us).
+    session_id: str | None = None
+    message_id: str | None = None
+    scheduled_enqueue_time_utc: dt.datetime | None = None
+    time_to_live: dt.timedelta | None = None
+    content_type: str | None = None
+    correlation_id: str | None = None
+    subject: str | None = None
+    partition_key: str | None = None
+    to: str | None = None
+    reply_to: str | None = None
+    reply_to_session_id: str | None = None
+    lock_token: str | None = None
+    locked_until_utc: dt.datetime | None = None
+    delivery_count: int = 0
+    enqueued_time_utc: dt.datetime | None = None
+    dead_letter_reason: str | None = None
+    dead_letter_error_description: str | None = None
+    dead_letter_source: str | None = None
+    state: ServiceBusMessageState = ServiceBusMessageState.ACTIVE
+    malformed_reason: str | None = None
+    #: set by AutoLockRenewer when it stopped renewing this message's lock
+    auto_renew_error: Exception | None = None
+    _body_type: AmqpMessageBodyType = AmqpMessageBodyType.DATA
+    _settled: bool = False
+    _receiver: Any = None
+    #: the lock token as the engine granted it, and whether a settlement
+    #: of that lock was sent: only the first, with that token, may be
+    #: final without the engine's answer (docs/settlement-by-log.md)
+    _granted_token: str | None = None
+    _lock_spent: bool = False
+
     def __init__(self, body: bytes, **kwargs: Any) -> None:
         # The record was checked when it was decoded: no second validation of
         # every field, which would cost more than decoding on batch receives.
-        self._body = body
-        self._body_type = kwargs.get("body_type", AmqpMessageBodyType.DATA)
-        for name in _SEND_FIELDS:
-            setattr(self, name, kwargs.get(name))
-        self.application_properties = ReceivedProperties(
+        fields = self.__dict__
+        fields.update(kwargs)
+        fields["_body"] = body
+        if "body_type" in fields:
+            fields["_body_type"] = fields.pop("body_type")
+        fields["application_properties"] = ReceivedProperties(
             kwargs.get("application_properties") or {})
-        self.lock_token: str | None = kwargs.get("lock_token")
-        self.locked_until_utc: dt.datetime | None = kwargs.get("locked_until_utc")
-        self.delivery_count: int = kwargs.get("delivery_count", 0)
-        self.sequence_number: int = kwargs["sequence_number"]
-        self.enqueued_sequence_number: int = self.sequence_number
-        self.enqueued_time_utc: dt.datetime | None = kwargs.get("enqueued_time_utc")
-        self.dead_letter_reason: str | None = kwargs.get("dead_letter_reason")
-        self.dead_letter_error_description: str | None = kwargs.get("dead_letter_error_description")
-        self.dead_letter_source: str | None = kwargs.get("dead_letter_source")
-        self.state: ServiceBusMessageState = kwargs.get("state", ServiceBusMessageState.ACTIVE)
-        self.malformed_reason: str | None = kwargs.get("malformed_reason")
-        #: set by AutoLockRenewer when it stopped renewing this message's lock
-        self.auto_renew_error: Exception | None = None
-        self._settled = False
-        self._receiver: Any = None
-        #: the lock token as the engine granted it, and whether a settlement
-        #: of that lock was sent: only the first, with that token, may be
-        #: final without the engine's answer (docs/settlement-by-log.md)
-        self._granted_token = self.lock_token
-        self._lock_spent = False
+        fields["enqueued_sequence_number"] = kwargs["sequence_number"]
+        fields["_granted_token"] = kwargs.get("lock_token")
+        self.sequence_number: int
+        self.enqueued_sequence_number: int
 
     def _annotations(self) -> dict[str, Any]:
         received = {"x-opt-sequence-number": self.sequence_number,
