@@ -254,13 +254,6 @@ class ServiceBusReceivedMessage(ServiceBusMessage):
                 f"message_id={self.message_id!r}, delivery_count={self.delivery_count})")
 
 
-_SEND_FIELDS = frozenset({
-    "application_properties", "session_id", "message_id", "scheduled_enqueue_time_utc",
-    "time_to_live", "content_type", "correlation_id", "subject", "partition_key", "to",
-    "reply_to", "reply_to_session_id",
-})
-
-
 def copy_message(message: ServiceBusMessage,
                  extra_properties: dict[str, PropertyValue] | None = None) -> ServiceBusMessage:
     """A new message with the body, id and properties of ``message``."""
