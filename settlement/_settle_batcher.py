@@ -13,7 +13,7 @@ every request in it may.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from settlement._engine_link import EngineLink
 from topics.commands import MAX_ACQUIRE, Reply, SettleArgs, SettleItem
@@ -30,7 +30,9 @@ def earliest(ends: list[int | None]) -> int | None:
 class _Request:
     items: list[SettleItem]
     final_before_ms: int | None
-    wake: threading.Event = field(default_factory=threading.Event)
+    #: made only for a request that waits for another caller's command (a
+    #: lone caller leads at once: an Event costs a lock and a condition)
+    wake: threading.Event | None = None
     lead: bool = False
     reply: Reply | None = None
     error: BaseException | None = None
@@ -63,12 +65,15 @@ class SettleBatcher:
             if window not in self._busy:
                 self._busy.add(window)
                 request.lead = True
+            else:
+                request.wake = threading.Event()
         while True:
             if request.lead:  # the leader's own request is first in the batch it sends
                 request.lead = False
                 self._send_next(window)
             if request.answered:
                 break
+            assert request.wake is not None  # only the first leader has none, and never waits
             request.wake.wait()
             request.wake.clear()
         if request.error is not None:
@@ -97,9 +102,10 @@ class SettleBatcher:
             answers = reply.result.get("results", [])
             start = 0
             for request in batch:
-                request.reply = Reply(reply.id, reply.client, reply.ok,
-                                      {"results": answers[start:start + len(request.items)]},
-                                      reply.error_code, reply.error_message)
+                request.reply = reply if len(batch) == 1 else Reply(
+                    reply.id, reply.client, reply.ok,
+                    {"results": answers[start:start + len(request.items)]},
+                    reply.error_code, reply.error_message)
                 start += len(request.items)
         except BaseException as exc:  # every waiter must be woken, whatever happened
             for request in batch:
@@ -111,6 +117,8 @@ class SettleBatcher:
             else:
                 self._busy.discard(window)
         for request in batch:
-            request.wake.set()
+            if request.wake is not None:
+                request.wake.set()
         if waiting:
+            assert waiting[0].wake is not None
             waiting[0].wake.set()

@@ -71,6 +71,7 @@ from topics.commands import (
     Command,
     CommandError,
     Op,
+    Policy,
     Reply,
     ReplyAddress,
     SettleArgs,
@@ -546,6 +547,15 @@ async def _execute(runs: list[_Run]) -> _Pending:
     return _send_commit(chunks)
 
 
+#: Consecutive settle commands of a window (as one thread settling one
+#: message at a time sends them) are applied in one transaction of at most
+#: this many commands and items, no text among them: what they write is then
+#: far below MAX_COMMIT_BYTES, as one settle command's is, and none is refused
+#: for its size (a quiet settlement's client took it as final).
+_SETTLED_TOGETHER = 200
+_ITEMS_TOGETHER = 1000
+
+
 async def _apply_group(key: bytes, group: list[_Run]) -> _Chunk | None:
     """Apply a window's commands in order; the chunk to commit, or None."""
     partition = group[0].partition
@@ -557,6 +567,7 @@ async def _apply_group(key: bytes, group: list[_Run]) -> _Chunk | None:
         _recovered.add(key)
     known = definitions()
     chunk: _Chunk | None = None
+    together = _Together()
     for run in group:
         cmd, now = run.cmd, run.now if run.now is not None else clock.now(partition)
         if now is None:  # forgotten by a rebalance while this waited its turn
@@ -578,44 +589,121 @@ async def _apply_group(key: bytes, group: list[_Run]) -> _Chunk | None:
                     f"subscription {cmd.entity!r} does not exist: create it with "
                     "ServiceBusAdministrationClient.create_subscription")
             continue
-        try:
-            # Refused only before anything changes (sessions.guard)
-            outcome = chunk.window.apply(cmd, now, policy)
-        except Refused as refused:
-            _reject(cmd, refused.code, str(refused))
+        if not together.takes(chunk.window, cmd, policy):
+            chunk = await _apply_together(chunk, together)
+            together = _Together()
+            if not together.takes(chunk.window, cmd, policy):
+                chunk = await _apply_one(chunk, cmd, now, policy)
+                continue
+        together.add(cmd, now, policy)
+    if chunk is not None and together.cmds:
+        chunk = await _apply_together(chunk, together)
+    return chunk
+
+
+@dataclass
+class _Together:
+    """Settle commands of one window waiting to be applied together."""
+
+    cmds: list[tuple[Command[SettleArgs], int]] = field(default_factory=list)
+    policy: tuple[int, Policy] | None = None
+    items: int = 0
+
+    def takes(self, window: InflightWindow, cmd: Command, policy: tuple[int, Policy] | None
+              ) -> bool:
+        """Whether ``cmd`` may join: a settlement without texts, under the
+        same policy, on a window without sessions, within the limits."""
+        args = cmd.args
+        return (isinstance(args, SettleArgs) and not window.requires_session
+                and (policy is None or not policy[1].requires_session)
+                and (not self.cmds or policy == self.policy)
+                and len(self.cmds) < _SETTLED_TOGETHER
+                and self.items + len(args.items) <= _ITEMS_TOGETHER
+                and all(i.reason is None and i.description is None for i in args.items))
+
+    def add(self, cmd: Command, now: int, policy: tuple[int, Policy] | None) -> None:
+        assert isinstance(cmd.args, SettleArgs)
+        self.cmds.append((cast(Command[SettleArgs], cmd), now))
+        self.policy = policy
+        self.items += len(cmd.args.items)
+
+
+async def _apply_together(chunk: _Chunk, together: _Together) -> _Chunk:
+    """Apply the settlements gathered in ``together`` (a lone one as any command)."""
+    if len(together.cmds) == 1:
+        cmd, now = together.cmds[0]
+        return await _apply_one(chunk, cmd, now, together.policy)
+    if not together.cmds:
+        return chunk
+    done = chunk.window.apply_settlements(together.cmds, together.policy)
+    answered: list[tuple[Command, dict[str, Any]]] = []
+    outbox: list[dict[str, Any]] = []
+    for (cmd, _), each in zip(together.cmds, done.each, strict=True):
+        if isinstance(each, Refused):
+            _reject(cmd, each.code, str(each))
             continue
-        if not outcome.changed:
-            chunk.answers.append((cmd, outcome.result))
-            continue
-        outbox = _event_records(chunk.window, outcome.events, cmd.id)
-        size = _size(outcome.writes, outbox)
-        if size > MAX_COMMIT_BYTES:
-            # Too large alone: what came before commits, this is undone.
-            await _commit([chunk])
-            await _settled(key)  # the next record then carries only what follows
-            chunk = await _open_chunk(key, header_store.get(key), cmd, store, header_store)
-            _reject(cmd, ErrorCode.STATE_TOO_LARGE,
-                    f"what this {cmd.op} would store for {cmd.window_key} is about "
-                    f"{size} bytes, more than the {MAX_COMMIT_BYTES} the engine writes at "
-                    "once: send fewer messages per call, or shorter dead-letter reasons "
-                    "and descriptions")
-            continue
-        if chunk.carried + chunk.size + size > MAX_COMMIT_BYTES:
-            # The record would be too large: commit first, and wait for Kafka
-            # to hold it all.
-            await _commit([chunk])
-            await _settled(key)  # the next record then carries only what follows
-            chunk = _Chunk(key, store, header_store, chunk.window, carried=_carried(key))
-        txn = chunk.window.store
-        assert isinstance(txn, Txn)
-        for k, v in outcome.writes.items():
-            txn.put(k, v) if v is not None else txn.delete(k)
-        chunk.writes.update(outcome.writes)
-        chunk.add(outbox)
+        result, events = each
+        answered.append((cmd, result))
+        outbox += _event_records(chunk.window, events, cmd.id)
+    if not done.changed:
+        chunk.answers += answered
+        return chunk
+    return await _take(chunk, answered, done.writes, outbox)
+
+
+async def _apply_one(chunk: _Chunk, cmd: Command, now: int,
+                     policy: tuple[int, Policy] | None) -> _Chunk:
+    """Apply ``cmd`` on its own; the chunk that holds it (a new one if the
+    one before had to be committed first)."""
+    try:
+        # Refused only before anything changes (sessions.guard)
+        outcome = chunk.window.apply(cmd, now, policy)
+    except Refused as refused:
+        _reject(cmd, refused.code, str(refused))
+        return chunk
+    if not outcome.changed:
         chunk.answers.append((cmd, outcome.result))
-        chunk.size += size
-        chunk.changed = True
-        chunk.ops.add(cmd.op)
+        return chunk
+    outbox = _event_records(chunk.window, outcome.events, cmd.id)
+    size = _size(outcome.writes, outbox)
+    if size > MAX_COMMIT_BYTES:
+        # Too large alone: what came before commits, this is undone.
+        await _commit([chunk])
+        await _settled(chunk.key)  # the next record then carries only what follows
+        reopened = await _open_chunk(chunk.key, chunk.header_store.get(chunk.key), cmd,
+                                     chunk.store, chunk.header_store)
+        _reject(cmd, ErrorCode.STATE_TOO_LARGE,
+                f"what this {cmd.op} would store for {cmd.window_key} is about "
+                f"{size} bytes, more than the {MAX_COMMIT_BYTES} the engine writes at "
+                "once: send fewer messages per call, or shorter dead-letter reasons "
+                "and descriptions")
+        assert reopened is not None  # its header was just written by this worker
+        return reopened
+    return await _take(chunk, [(cmd, outcome.result)], outcome.writes, outbox)
+
+
+async def _take(chunk: _Chunk, answered: list[tuple[Command, dict[str, Any]]],
+                writes: dict[bytes, bytes | None], outbox: list[dict[str, Any]]) -> _Chunk:
+    """Add what commands wrote and announced to the chunk, which answers
+    them once committed; committed first if the record would grow too large."""
+    size = _size(writes, outbox)
+    if chunk.carried + chunk.size + size > MAX_COMMIT_BYTES:
+        # The record would be too large: commit first, and wait for Kafka
+        # to hold it all.
+        await _commit([chunk])
+        await _settled(chunk.key)  # the next record then carries only what follows
+        chunk = _Chunk(chunk.key, chunk.store, chunk.header_store, chunk.window,
+                       carried=_carried(chunk.key))
+    txn = chunk.window.store
+    assert isinstance(txn, Txn)
+    for k, v in writes.items():
+        txn.put(k, v) if v is not None else txn.delete(k)
+    chunk.writes.update(writes)
+    chunk.add(outbox)
+    chunk.answers += answered
+    chunk.size += size
+    chunk.changed = True
+    chunk.ops.update(cmd.op for cmd, _ in answered)
     return chunk
 
 

@@ -73,3 +73,14 @@ class Outcome:
     changed: bool = True
     #: store key -> new value (None: deleted), what the command changed
     writes: dict[bytes, bytes | None] = field(default_factory=dict)
+
+
+@dataclass
+class Settlements:
+    """Settle commands applied together
+    (:meth:`streams.window.InflightWindow.apply_settlements`): each one's
+    result and events, or why it was refused; what they changed together."""
+
+    each: list[tuple[dict[str, Any], list[Event]] | Refused]
+    changed: bool
+    writes: dict[bytes, bytes | None]

@@ -33,7 +33,7 @@ import hmac
 import itertools
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -62,6 +62,8 @@ from streams.states import (
     UNLOCKED,
     Event,
     Outcome,
+    Refused,
+    Settlements,
 )
 from streams.store import MemoryStore, Store, Txn
 from topics.commands import (
@@ -253,11 +255,46 @@ class InflightWindow:
         if policy is not None:
             self._adopt(*policy)
         sessions.guard(self, cmd, now)
+        replayed, result, events = self._dispatch(cmd, now)
+        if replayed:
+            return Outcome(result, [], changed=False)
+        writes, changed = self._conclude(before)
+        return Outcome(result, events, changed=changed, writes=writes)
+
+    def apply_settlements(self, cmds: Sequence[tuple[Command[SettleArgs], int]],
+                          policy: tuple[int, Policy] | None = None) -> Settlements:
+        """Apply settle commands in one transaction, each at its own time
+        ``now`` and answered as if alone: what every command does once
+        (reading and writing the entry chunks, moving the start, the next
+        wake-up) is done once for all. Only on a window without sessions: a
+        session's summary is made once per transaction."""
+        self._begin()
+        before = self.header()
+        if policy is not None:
+            self._adopt(*policy)
+        assert not self.requires_session
+        each: list[tuple[dict[str, Any], list[Event]] | Refused] = []
+        for cmd, now in cmds:
+            try:
+                sessions.guard(self, cmd, now)
+            except Refused as refused:  # it changed nothing; the others go on
+                each.append(refused)
+                continue
+            _, result, events = self._dispatch(cmd, now)
+            each.append((result, events))
+        writes, changed = self._conclude(before)
+        return Settlements(each, changed, writes)
+
+    def _dispatch(self, cmd: Command[Args], now: int
+                  ) -> tuple[bool, dict[str, Any], list[Event]]:
+        """Run ``cmd``'s handler at ``now``, after what came due by then:
+        ``(replayed, result, events)``; a command id seen before is not run
+        again (replayed), its first answer is."""
         remembered = OP_INFO[cmd.op].remembered
         if remembered:
             stored = self.answers.get(cmd.id)
             if stored is not None:
-                return Outcome(self._replay(cmd, stored), [], changed=False)
+                return True, self._replay(cmd, stored), []
         # ``wake`` is when the first timer is due: before it, nothing is
         events = self._expire(now) if self.wake is not None and self.wake <= now else []
         result = HANDLERS[cmd.op](self, cmd, now, events)
@@ -267,9 +304,14 @@ class InflightWindow:
                 self.answers_due = now + KEEP_MS
         if self.answers_due is not None and self.answers_due <= now:
             self.answers_due = self.answers.purge(now, max(self.answers_due - KEEP_MS, 0))
-        self._advance_start()
         for ev in events:
             self.totals[ev.type] = self.totals.get(ev.type, 0) + ev.count
+        return False, result, events
+
+    def _conclude(self, before: dict[str, Any]) -> tuple[dict[bytes, bytes | None], bool]:
+        """End the transaction: what it wrote, and whether the window changed
+        from its header ``before``."""
+        self._advance_start()
         self.sessions.flush()
         self.entries.flush()
         self.left_out_blocks.flush()
@@ -279,7 +321,7 @@ class InflightWindow:
         changed = bool(writes) or self.header() != before
         if self._own_store and isinstance(self.store, MemoryStore):
             self.store.apply(writes)
-        return Outcome(result, events, changed=changed, writes=writes)
+        return writes, changed
 
     def _stats(self, cmd: Command[StatsArgs], _now: int, events: list[Event]
                ) -> dict[str, Any]:

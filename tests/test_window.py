@@ -370,3 +370,39 @@ def test_the_log_is_retained_from_the_oldest_message_still_held() -> None:
     assert win.retained == 290
     settle(win, 0, grants[290:], "complete")
     assert win.retained == win.start == 300
+
+
+def test_settlements_applied_together_answer_and_store_as_one_by_one() -> None:
+    """The engine applies consecutive settle commands of a window in one
+    transaction: each is judged at its own time, a repeated id gets its first
+    answer, and what is stored is what applying them one by one stores."""
+    alone, together = new_window(), new_window()
+    together.secret = alone.secret  # the same lock tokens
+    grants = acquire(alone, 0, n=8, hw=8, cmd_id="a1")
+    assert acquire(together, 0, n=8, hw=8, cmd_id="a1") == grants
+    bad = [grants[3][0], "not-the-token", *grants[3][2:]]
+
+    def item(grant: list, action: str) -> list:
+        return [grant[0], grant[1], action, None, None, None, None]
+
+    batch = [(cmd("settle", "s1", items=[item(grants[0], "complete")]), 10),
+             (cmd("settle", "s2", items=[item(grants[1], "abandon"),
+                                          item(grants[2], "renew")]), 20),
+             (cmd("settle", "s1", items=[item(grants[0], "complete")]), 30),  # repeated id
+             (cmd("settle", "s3", items=[item(bad, "complete")]), 40),
+             (cmd("settle", "s4", items=[item(grants[5], "defer")]), 50),
+             # after the batch's lock ended (lock_ms 1000): lapsed, lost
+             (cmd("settle", "s5", items=[item(grants[6], "complete")]), 1500)]
+    one_by_one = [alone.apply(c, now) for c, now in batch]
+    done = together.apply_settlements(batch)
+    assert [each[0] for each in done.each] == [o.result for o in one_by_one]  # type: ignore[index]
+    assert [r[0] for o in one_by_one for r in o.result["results"]] == [
+        "ok", "ok", "ok", "ok", "lock_lost", "ok", "lock_lost"]
+    assert done.changed
+    assert together.header() == alone.header()
+    assert together.stats() == alone.stats()
+    assert isinstance(together.store, type(alone.store))
+    assert list(together.store.range(b"", b"\xff")) == list(alone.store.range(b"", b"\xff"))
+    again = [g[0] for g in acquire(together, 1600, hw=8, cmd_id="a2")]
+    assert again == [g[0] for g in acquire(alone, 1600, hw=8, cmd_id="a2")]
+    assert 0 not in again and 5 not in again  # completed, deferred
