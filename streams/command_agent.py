@@ -589,13 +589,13 @@ async def _apply_group(key: bytes, group: list[_Run]) -> _Chunk | None:
                     f"subscription {cmd.entity!r} does not exist: create it with "
                     "ServiceBusAdministrationClient.create_subscription")
             continue
-        if not together.takes(chunk.window, cmd, policy):
+        if together.cmds and not together.takes(chunk.window, cmd, policy):
             chunk = await _apply_together(chunk, together)
             together = _Together()
-            if not together.takes(chunk.window, cmd, policy):
-                chunk = await _apply_one(chunk, cmd, now, policy)
-                continue
-        together.add(cmd, now, policy)
+        if together.takes(chunk.window, cmd, policy):
+            together.add(cmd, now, policy)
+        else:
+            chunk = await _apply_one(chunk, cmd, now, policy)
     if chunk is not None and together.cmds:
         chunk = await _apply_together(chunk, together)
     return chunk
@@ -633,8 +633,6 @@ async def _apply_together(chunk: _Chunk, together: _Together) -> _Chunk:
     if len(together.cmds) == 1:
         cmd, now = together.cmds[0]
         return await _apply_one(chunk, cmd, now, together.policy)
-    if not together.cmds:
-        return chunk
     done = chunk.window.apply_settlements(together.cmds, together.policy)
     answered: list[tuple[Command, dict[str, Any]]] = []
     outbox: list[dict[str, Any]] = []
