@@ -3,8 +3,17 @@ re-processed command is answered again instead of applied again.
 
 Clients retry a command for about 30 s (3 attempts of 10 s); answers are kept
 for :data:`KEEP_MS`, far beyond that, however many other commands the window
-sees meanwhile, and are then dropped a few per command, oldest first, through
+sees meanwhile, and are then dropped a few at a time, oldest first, through
 an index ordered by time.
+
+The index has one key per transaction, not per command: the settle commands
+a window applies together (one thread settling one message at a time sends
+dozens a batch) would otherwise write two keys each, and every key is a
+RocksDB write, a changelog record and a line of the commit record. The key
+is ``e<time><first id>``, its value the other ids as a JSON list (empty for
+one command, as every key written before the grouping); its time is the
+latest of the transaction's, so no answer is dropped earlier than it was
+alone.
 """
 
 from __future__ import annotations
@@ -16,6 +25,8 @@ from typing import Any
 from streams.store import Txn
 
 KEEP_MS = 300_000
+#: the answers a purge forgets, at least (unless fewer are old enough) and
+#: about: one transaction's index key is forgotten whole
 _PURGE_PER_COMMAND = 16
 
 
@@ -26,6 +37,9 @@ class Answers:
         self._txn = txn
         self._answers = prefix + b"a"
         self._by_time = prefix + b"e"
+        #: the ids answered in this transaction, and the latest time
+        self._given: list[str] = []
+        self._given_at = 0
 
     def get(self, command_id: str) -> Any | None:
         raw = self._txn.get(self._answers + command_id.encode())
@@ -34,7 +48,17 @@ class Answers:
     def put(self, command_id: str, now: int, answer: Any) -> None:
         self._txn.put(self._answers + command_id.encode(),
                       json.dumps({"at": now, "answer": answer}, separators=(",", ":")).encode())
-        self._txn.put(self._by_time + f"{now:013x}".encode() + command_id.encode(), b"")
+        self._given.append(command_id)
+        self._given_at = max(self._given_at, now)
+
+    def flush(self) -> None:
+        """Index the transaction's answers by time (at its end)."""
+        if not self._given:
+            return
+        first, *others = self._given
+        self._txn.put(self._by_time + f"{self._given_at:013x}".encode() + first.encode(),
+                      json.dumps(others).encode() if others else b"")
+        self._given = []
 
     def purge(self, now: int, oldest: int) -> int | None:
         """Forget a few answers older than :data:`KEEP_MS`; when the oldest
@@ -44,11 +68,18 @@ class Answers:
         deletions of every answer forgotten since its last compaction."""
         start = self._by_time + f"{oldest:013x}".encode()
         stop = self._by_time + f"{max(now - KEEP_MS, 0):013x}".encode()
+        # each key indexes one answer at least: this many are enough to
+        # forget _PURGE_PER_COMMAND and see when the next one is due
         found = list(itertools.islice(self._txn.range(start, self._by_time + b"~"),
                                       _PURGE_PER_COMMAND + 1))
-        for forgotten, (key, _) in enumerate(found):
-            if key >= stop or forgotten == _PURGE_PER_COMMAND:
+        forgotten = 0
+        for key, others in found:
+            if key >= stop or forgotten >= _PURGE_PER_COMMAND:
                 return int(key[len(self._by_time):len(self._by_time) + 13], 16) + KEEP_MS
+            ids = [key[len(self._by_time) + 13:]]
+            ids += [command_id.encode() for command_id in json.loads(others)] if others else []
             self._txn.delete(key)
-            self._txn.delete(self._answers + key[len(self._by_time) + 13:])
+            for command_id in ids:
+                self._txn.delete(self._answers + command_id)
+            forgotten += len(ids)
         return None

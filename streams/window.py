@@ -313,6 +313,7 @@ class InflightWindow:
         from its header ``before``."""
         self._advance_start()
         self.sessions.flush()
+        self.answers.flush()
         self.entries.flush()
         self.left_out_blocks.flush()
         self.wake = self.due.next_wake(self.wake)

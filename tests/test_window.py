@@ -402,7 +402,20 @@ def test_settlements_applied_together_answer_and_store_as_one_by_one() -> None:
     assert together.header() == alone.header()
     assert together.stats() == alone.stats()
     assert isinstance(together.store, type(alone.store))
-    assert list(together.store.range(b"", b"\xff")) == list(alone.store.range(b"", b"\xff"))
+    index = together.prefix + b"e"  # the answers by time: one key per transaction
+    assert _keys(together, b"", index) == _keys(alone, b"", index)
+    assert _keys(together, index + b"~", b"\xff") == _keys(alone, index + b"~", b"\xff")
+    assert [k for k, _ in _keys(together, index, index + b"~")] == [
+        index + b"0000000000000a1", index + f"{1500:013x}s1".encode()]
     again = [g[0] for g in acquire(together, 1600, hw=8, cmd_id="a2")]
     assert again == [g[0] for g in acquire(alone, 1600, hw=8, cmd_id="a2")]
     assert 0 not in again and 5 not in again  # completed, deferred
+    # the answers are forgotten with their keys (the group's: one), once kept long enough
+    together.apply(cmd("stats", hw=8), 1601 + KEEP_MS)
+    ids = ("a1", "s1", "s2", "s3", "s4", "s5", "a2")
+    assert [together.answers.get(i) for i in ids] == [None] * len(ids)
+    assert _keys(together, index, index + b"~") == []
+
+
+def _keys(win: InflightWindow, start: bytes, stop: bytes) -> list[tuple[bytes, bytes]]:
+    return list(win.store.range(start, stop))
