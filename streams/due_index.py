@@ -24,37 +24,58 @@ _DUE_WIDTH = 13  # hex digits of a millisecond timestamp, good past the year 100
 
 
 class DueIndex:
-    """One window's timers over a transaction."""
+    """One window's timers over a transaction. A key's items are parsed
+    once per transaction and written back at :meth:`flush`: the settle
+    commands applied together each take their offset out of the same lock
+    key, which was read and written in JSON for every one of them."""
 
     def __init__(self, txn: Txn, prefix: bytes) -> None:
         self._txn = txn
         self._prefix = prefix + b"t"
+        #: the items of the keys this transaction read or changed
+        self._items: dict[bytes, list[Any]] = {}
+        #: the keys whose items changed since the last flush
+        self._changed: set[bytes] = set()
 
     def add(self, due: int, kind: str, ident: str, items: list[Any]) -> None:
         """Remember ``items`` (offsets, or ``[offset, expires]`` pairs) for ``due``."""
         if not items:
             return
         key = self._key(due, kind, ident)
-        raw = self._txn.get(key)
-        stored = json.loads(raw) if raw else []
-        self._txn.put(key, json.dumps(stored + items, separators=(",", ":")).encode())
+        self._items[key] = (self._read(key) or []) + items
+        self._changed.add(key)
 
     def discard(self, due: int, kind: str, ident: str, items: list[Any]) -> None:
         """Forget ``items`` of a key (locks settled before they end), and the
         key once it names nothing: the timer then has no reason to wake."""
         key = self._key(due, kind, ident)
-        raw = self._txn.get(key)
-        if raw is None:
+        stored = self._read(key)
+        if not stored:
             return
         gone = set(items)
-        left = [item for item in json.loads(raw) if item not in gone]
-        if left:
-            self._txn.put(key, json.dumps(left, separators=(",", ":")).encode())
-        else:
-            self._txn.delete(key)
+        self._items[key] = [item for item in stored if item not in gone]
+        self._changed.add(key)
+
+    def _read(self, key: bytes) -> list[Any] | None:
+        if key not in self._items:
+            raw = self._txn.get(key)
+            if raw is None:
+                return None
+            self._items[key] = json.loads(raw)
+        return self._items[key]
+
+    def flush(self) -> None:
+        """Write the changed keys to the transaction (a key left empty is deleted)."""
+        for key in self._changed:
+            if items := self._items[key]:
+                self._txn.put(key, json.dumps(items, separators=(",", ":")).encode())
+            else:
+                self._txn.delete(key)
+        self._changed.clear()
 
     def due(self, now: int) -> Iterator[tuple[bytes, str, list[Any]]]:
         """Keys due at ``now`` or before, oldest first: ``(key, kind, items)``."""
+        self.flush()
         stop = self._prefix + f"{now + 1:0{_DUE_WIDTH}x}".encode()
         for key, raw in list(self._txn.range(self._prefix, stop)):
             yield key, chr(key[len(self._prefix) + _DUE_WIDTH]), json.loads(raw)
@@ -63,13 +84,15 @@ class DueIndex:
         return self._prefix + f"{due:0{_DUE_WIDTH}x}{kind}{ident}".encode()
 
     def remove(self, key: bytes) -> None:
-        self._txn.delete(key)
+        self._items[key] = []
+        self._changed.add(key)
 
     def next_wake(self, previous: int | None) -> int | None:
         """When the earliest timer is due after this transaction, knowing it
         was ``previous`` before: read from the store only when the
         transaction deleted the earliest key (a settlement that emptied the
         first lock's key, say), since a key's due time is in its name."""
+        self.flush()
         mine = [(k, v) for k, v in self._txn.writes.items() if k.startswith(self._prefix)]
         if not mine:
             return previous
@@ -88,6 +111,7 @@ class DueIndex:
 
     def first(self, at_least: int = 0) -> int | None:
         """When the earliest timer is due (``at_least``: none is due before)."""
+        self.flush()
         found = self._txn.first(self._prefix + f"{at_least:0{_DUE_WIDTH}x}".encode(),
                                 self._prefix + b"~")
         return None if found is None else self._due_of(found[0])

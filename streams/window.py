@@ -855,6 +855,8 @@ class InflightWindow:
 def _coalesced(events: list[Event]) -> list[Event]:
     """One event per kind and detail: a batch dead-lettered with one reason
     is one event naming all of its offsets, not one event per message."""
+    if len(events) < 2:  # a one-message settlement's: nothing to merge it with
+        return [Event(ev.type, list(ev.offsets), dict(ev.extra)) for ev in events]
     merged: dict[tuple[str, str], Event] = {}
     out: list[Event] = []
     for ev in events:
