@@ -377,11 +377,16 @@ class InflightWindow:
     def _compact(cmd: Command[Args], result: dict[str, Any]) -> Any:
         """What is needed to answer the command again, compactly."""
         if "grants" in result:  # acquires are rebuilt from the entries they locked
-            # read off the wire form (Grant.to_wire): a Grant each costs more
-            # than the lock itself for large acquires
-            grants = result["grants"]
-            compact = {"locked": [g[0] for g in grants if g[1] is not None],
-                       "deleted": [[g[0], g[3]] for g in grants if g[1] is None],
+            locked: list[int] = []
+            deleted: list[list[int]] = []
+            # read off the wire form (Grant.to_wire's order): a Grant each
+            # cost more than the lock itself for large acquires
+            for offset, token, _until, deliveries, *_ in result["grants"]:
+                if token is None:
+                    deleted.append([offset, deliveries])
+                else:
+                    locked.append(offset)
+            compact = {"locked": locked, "deleted": deleted,
                        "batch": result.get("batch", batch_id(cmd.id))}
             besides = {k: v for k, v in result.items() if k not in _ACQUIRE_KEYS}
             if besides:  # a session's lock that granted its first messages
