@@ -48,6 +48,7 @@ from topics.message_record import (
     ScannedHeaders,
     filter_properties,
     may_be_timed,
+    raw_application_properties,
     scanned_headers,
 )
 from topics.offsets import OFFSET_UNKNOWN, offset_of, position_of, take
@@ -99,6 +100,10 @@ class LogScanner:
         self._at_end: dict[str, tuple[tuple[str, int], int]] = {}
         #: dead letters already copied to their forward target (not yet removed)
         self._dead_sent: set[tuple[str, int]] = set()
+        #: per log partition and property, the last records grouped by the
+        #: property's value (:meth:`_alike`): the subscriptions of a topic
+        #: that stand at the same offset filter on the same records
+        self._grouped: dict[tuple[tuple[str, int], tuple[str, str]], _Grouped] = {}
         self._forwarder = Forwarder(settings)
 
     def scan(self, window: InflightWindow) -> list[Command]:
@@ -128,6 +133,7 @@ class LogScanner:
             self._dead_sent.clear()
             self._positions.clear()
             self._recent.clear()
+            self._grouped.clear()
 
     def _scan(self, window: InflightWindow) -> Command | None:
         assert window.scanned is not None
@@ -165,11 +171,16 @@ class LogScanner:
         # check (ten subscriptions ask it of each record).
         timed = bool(window.duplicate_window_ms or window.default_ttl_ms)
         selects = rules.selects if rules is not None else None
+        selected_alike: set[int] = set()
+        if (rules is not None and rules.decided_by is not None
+                and not window.duplicate_window_ms):  # every record is checked for duplicates
+            records, left_out, selected_alike = self._alike(tp, records, rules, rules.decided_by)
         for read in records:
             item = self._item(key, window, read, now) if timed or not read.untimed else None
-            if selects is not None and (item is None or item.mark == PLAIN):
-                # the rules' verdict inline (ten subscriptions ask it of each
-                # record); a failed filter is looked at again, for its error
+            if (selects is not None and (item is None or item.mark == PLAIN)
+                    and read.offset not in selected_alike):
+                # the rules' verdict of one record (what grouping left to
+                # ask); a failed filter is looked at again, for its error
                 view = read.view()
                 selected = selects(view) if view is not None else True
                 if selected is False:
@@ -203,6 +214,15 @@ class LogScanner:
             items += self._forwarder.forward(to_forward, window.forward_to, actioned)
         return Command(f"accept-{uuid.uuid4().hex}", window.entity, window.partition,
                        AcceptArgs(start, end, tuple(items), tuple(left_out)))
+
+    def _alike(self, tp: tuple[str, int], records: list[_Read], rules: RuleSet,
+               decided_by: tuple[str, str]) -> tuple[list[_Read], list[int], set[int]]:
+        """:func:`_verdicts` of ``records``, grouped once for the windows that
+        read the same ones (the subscriptions of a topic that keep up)."""
+        grouped = self._grouped.get((tp, decided_by))
+        if grouped is None or not grouped.holds(records):
+            grouped = self._grouped[(tp, decided_by)] = _Grouped(records, decided_by)
+        return _verdicts(grouped, rules)
 
     def _forward_dead_letters(self, window: InflightWindow) -> Command | None:
         if not window.forward_dead_letters_to:
@@ -352,6 +372,8 @@ class LogScanner:
                         consumer.close()
                     self._positions.pop(tp, None)
                     self._recent.pop(tp, None)
+                    for grouped in [g for g in self._grouped if g[0] == tp]:
+                        del self._grouped[grouped]
             self._at_end.pop(key, None)
             self._seen.pop(key, None)
 
@@ -389,7 +411,8 @@ class _Read:
     the properties their rules see) is read once: its headers' names as it
     is read, the rest on first use."""
 
-    __slots__ = ("record", "offset", "untimed", "_raw_headers", "_headers", "_view")
+    __slots__ = ("record", "offset", "untimed", "_raw_headers", "_headers", "_view",
+                 "_properties")
 
     def __init__(self, record: Message) -> None:
         self.record = record
@@ -402,6 +425,14 @@ class _Read:
         self._headers: ScannedHeaders | None = None
         #: what rules see of it; False: a record that breaks the format
         self._view: MessageView | bool | None = None
+        self._properties: str | bytes | None | object = _ABSENT
+
+    @property
+    def application_properties(self) -> str | bytes | None:
+        """Its application-properties header, unread."""
+        if self._properties is _ABSENT:
+            self._properties = raw_application_properties(self._raw_headers)
+        return self._properties  # type: ignore[return-value]
 
     @property
     def headers(self) -> ScannedHeaders:
@@ -420,6 +451,81 @@ class _Read:
             except MalformedRecord:
                 self._view = False
         return self._view if isinstance(self._view, MessageView) else None
+
+
+#: value types whose (type, value) decides a rule as well as the value itself
+#: (``object``: :data:`_ABSENT`)
+_ALIKE = frozenset({str, int, float, bool, type(None), object})
+#: the value of a property a record does not have (``EXISTS`` tells it from
+#: NULL), and of what a record has not been asked yet
+_ABSENT = object()
+
+
+def _offset(read: _Read) -> int:
+    return read.offset
+
+
+class _Grouped:
+    """Records grouped by what decides a rule that reads one property alone.
+    An application property: by the records' application-properties header
+    as written (the same header, the same properties; the rest of the record
+    is not read, so a record that breaks the format elsewhere goes with its
+    group). A system property: by its type and value on each record (one of
+    another type than a plain scalar, or that breaks the format, is a group
+    of its own)."""
+
+    __slots__ = ("first", "last", "count", "alike")
+
+    def __init__(self, records: list[_Read], read: tuple[str, str]) -> None:
+        self.first, self.last, self.count = records[0].offset, records[-1].offset, len(records)
+        scope, key = read
+        groups: dict[object, list[_Read]] = {}
+        for record in records:
+            alike: object
+            if scope == "user":
+                alike = record.application_properties
+            else:
+                view = record.view()
+                value = record if view is None else view.system_index.get(key, _ABSENT)
+                alike = (type(value), value) if type(value) in _ALIKE else record
+            group = groups.get(alike)
+            if group is None:
+                groups[alike] = [record]
+            else:
+                group.append(record)
+        self.alike = list(groups.values())
+
+    def holds(self, records: list[_Read]) -> bool:
+        """Whether these are the records grouped (a window reads a slice of a
+        partition's records: the same first, last and count, the same slice)."""
+        return (self.first, self.last, self.count) == (
+            records[0].offset, records[-1].offset, len(records))
+
+
+def _verdicts(grouped: _Grouped, rules: RuleSet) -> tuple[list[_Read], list[int], set[int]]:
+    """The records ``rules`` may select, in order, the offsets they leave
+    out, and those they select, the rules asked once per group of records
+    alike in what decides them: ten subscriptions filtering a topic on
+    ``bucket`` each asked of every record, in a loop, and read all of every
+    record's properties for it (8-9 us a record, 1.4-2.3 grouped). A group
+    whose first record breaks the format or fails a filter is left to be
+    asked one by one."""
+    may_select: list[_Read] = []
+    left_out: list[int] = []
+    selected: set[int] = set()
+    for reads in grouped.alike:
+        view = reads[0].view()
+        verdict = rules.selects(view) if view is not None else None
+        if verdict is False:
+            left_out += [read.offset for read in reads]
+            continue
+        if verdict:
+            selected.update(read.offset for read in reads)
+        may_select += reads
+    if len(grouped.alike) > 1:
+        may_select.sort(key=_offset)
+        left_out.sort()
+    return may_select, left_out, selected
 
 
 def _filter_failed(rules: RuleSet, view: MessageView, offset: int, item: Item | None,

@@ -8,11 +8,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+import pytest
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from streams import log_scanner
 from streams.log_scanner import MAX_RECORDS, LogScanner
 from tests.helpers import Broker, one_partition_log
+from topics.rule_set import RuleSet, RuleSpec
 
 
 class _CountedMoves:
@@ -112,3 +114,68 @@ def test_a_window_that_stops_reading_holds_the_others_back_only_for_a_while(
             == list(range(ahead, 2_000))
     finally:
         scanner.close()
+
+
+def _record(offset: int, headers: list[tuple[str, bytes]], value: bytes = b"body") -> Message:
+    """A record as the scanner's consumer hands it out."""
+    return Message(topic="ns.topic.t", partition=0, offset=offset, value=value, key=None,
+                   headers=headers, timestamp=(1, 1_700_000_000_000 + offset))
+
+
+def _alike_records() -> list[Message]:
+    """Records whose ``bucket`` is many things: numbers of both kinds, a
+    boolean, a string, NULL, missing; one whose properties are not JSON;
+    subjects for the system scope."""
+    props = [b'{"bucket":1}', b'{"bucket":2}', b'{"bucket":1.0}', b'{"bucket":"1"}',
+             b'{"bucket":true}', b'{"bucket":null}', b"{}", b'{"Bucket":3}', b"not json",
+             b'{"bucket":{"$uuid":"3f2a0000-0000-0000-0000-000000000001"}}', b'{"bucket":2}']
+    subjects = [b"a", b"b", None]
+    records = []
+    for offset in range(60):
+        headers = [("application-properties", props[offset % len(props)])]
+        subject = subjects[offset % len(subjects)]
+        if subject is not None:
+            headers.insert(0, ("subject", subject))
+        records.append(_record(offset, headers if offset % 13 else [], b"x" * (offset % 4)))
+    return records
+
+
+@pytest.mark.parametrize("expression", [
+    "bucket = 1", "bucket > 1", "bucket <> 2", "EXISTS(bucket)", "bucket IS NULL",
+    "bucket IN (1, 2)", "bucket = 'x'", "sys.label = 'a'", "sys.subject <> 'a'",
+    "sys.size > 1", "sys.nosuch = 1",
+])
+def test_rules_asked_once_per_group_of_alike_records_decide_as_one_by_one(
+        expression: str) -> None:
+    """A subscription whose rules read one property is asked once per group
+    of records alike in it (the same application-properties header; for a
+    system property, the same type and value): what it leaves out and
+    selects is what asking each record says. Records whose group failed the
+    filter, or broke the format, are left to be asked one by one."""
+    rules = RuleSet([RuleSpec("r", {"type": "sql", "expression": expression})])
+    assert rules.decided_by is not None
+    reads = [log_scanner._Read(record) for record in _alike_records()]
+    may_select, left_out, selected = log_scanner._verdicts(
+        log_scanner._Grouped(reads, rules.decided_by), rules)
+    one_by_one = {read.offset: rules.selects(view) if (view := read.view()) is not None else None
+                  for read in reads}
+    assert left_out == [o for o, verdict in one_by_one.items() if verdict is False]
+    assert [read.offset for read in may_select] == [
+        o for o, verdict in one_by_one.items() if verdict is not False]
+    assert selected == {o for o, verdict in one_by_one.items() if verdict is True}
+    assert len(log_scanner._Grouped(reads, rules.decided_by).alike) < len(reads) / 2
+
+
+def test_rules_that_read_more_than_one_property_are_asked_of_each_record() -> None:
+    """Only rules whose verdict one property decides are grouped."""
+    assert RuleSet([RuleSpec("r", {"type": "sql", "expression": "a = 1 AND b = 2"})]
+                   ).decided_by is None
+    assert RuleSet([RuleSpec("r", {"type": "sql", "expression": "p('a') = 1"})]).decided_by \
+        is None
+    assert RuleSet([RuleSpec("r", {"type": "sql", "expression": "newid() = a"})]).decided_by \
+        is None
+    assert RuleSet([RuleSpec("r", {"type": "correlation", "properties": {"a": 1}})]
+                   ).decided_by is None
+    assert RuleSet([RuleSpec("a", {"type": "sql", "expression": "x = 1"}),
+                    RuleSpec("b", {"type": "sql", "expression": "X > 5"})]).decided_by \
+        == ("user", "x")

@@ -72,6 +72,10 @@ class Verdict:
 class _Correlation:
     """A correlation filter: every field it names equals the message's."""
 
+    #: it reads application properties by their exact names, not as a view
+    #: indexes them (:attr:`topics.rules.compiler.CompiledFilter.reads`)
+    reads = None
+
     def __init__(self, spec: Mapping[str, Any]) -> None:
         self.system = [(CORRELATION_FIELDS[k], v) for k, v in spec.items()
                        if k in CORRELATION_FIELDS and v is not None]
@@ -83,6 +87,8 @@ class _Correlation:
 
 
 class _Constant:
+    reads: frozenset[tuple[str, str]] = frozenset()
+
     def __init__(self, value: bool) -> None:
         self.value = value
 
@@ -100,6 +106,9 @@ def selects_everything(specs: tuple[RuleSpec, ...] | list[RuleSpec]) -> bool:
 class Filter(Protocol):
     """A compiled filter of any type."""
 
+    @property
+    def reads(self) -> frozenset[tuple[str, str]] | None: ...
+
     def matches(self, view: MessageView) -> bool: ...
 
 
@@ -116,6 +125,16 @@ def compile_filter_spec(spec: Mapping[str, Any]) -> Filter:
     raise ValueError(f"unknown filter type {kind!r}: expected sql, correlation, true or false")
 
 
+def _one_read(filters: list[Filter]) -> tuple[str, str] | None:
+    """The one property ``filters`` read, if they read exactly one."""
+    read: set[tuple[str, str]] = set()
+    for compiled in filters:
+        if compiled.reads is None:
+            return None
+        read |= compiled.reads
+    return read.pop() if len(read) == 1 else None
+
+
 class RuleSet:
     """A subscription's rules, compiled once."""
 
@@ -128,6 +147,11 @@ class RuleSet:
         self.has_actions = bool(self._actions)
         #: the one filter's ``matches``, for :meth:`selects` (most subscriptions have one rule)
         self._only = self._filters[0][1].matches if len(self._filters) == 1 else None
+        #: ``(scope, key)`` of the one property whose value alone decides
+        #: :meth:`selects` (``bucket = 3``, ``sys.label IN ('a', 'b')``), if
+        #: there is one: the engine's scanner then asks once per value it
+        #: meets in a batch of records, not once per record
+        self.decided_by = _one_read([compiled for _, compiled in self._filters])
 
     def evaluate(self, view: MessageView) -> Verdict:
         verdict = Verdict(False)

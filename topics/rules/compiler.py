@@ -166,11 +166,17 @@ _NO_MESSAGE = MessageView({}, {})
 class CompiledFilter:
     """A SQL filter compiled once; :meth:`matches` runs it on a message."""
 
-    __slots__ = ("expression", "_evaluate")
+    __slots__ = ("expression", "_evaluate", "reads")
 
-    def __init__(self, expression: str, evaluate: Evaluate) -> None:
+    def __init__(self, expression: str, evaluate: Evaluate,
+                 reads: frozenset[tuple[str, str]] | None) -> None:
         self.expression = expression
         self._evaluate = evaluate
+        #: the properties whose values alone decide the filter, ``(scope,
+        #: key)`` as a view indexes them (``"sys"`` or ``"user"``, the key
+        #: lower-cased); None when it also reads one named only when it runs
+        #: (``property(name)``) or calls ``newid()``
+        self.reads = reads
 
     def matches(self, view: MessageView) -> bool:
         """Whether the filter is TRUE for this message: FALSE and UNKNOWN
@@ -214,7 +220,8 @@ def compile_filter(expression: str, parameters: Mapping[str, Any] | None = None
     tree = parse(expression, "filter")
     compiler = _Compiler(expression, parameters)
     node = compiler.condition(compiler.node(tree.children[0]), "a filter")
-    return CompiledFilter(expression, node.evaluate)
+    reads = None if compiler.reads is None else frozenset(compiler.reads)
+    return CompiledFilter(expression, node.evaluate, reads)
 
 
 def compile_action(expression: str, parameters: Mapping[str, Any] | None = None
@@ -255,6 +262,8 @@ class _Compiler:
         self.source = source
         self.parameters = {name.removeprefix("@").lower(): value
                            for name, value in (parameters or {}).items()}
+        #: what the rule reads (:attr:`CompiledFilter.reads`)
+        self.reads: set[tuple[str, str]] | None = set()
 
     # -- helpers ---------------------------------------------------------------
 
@@ -277,6 +286,11 @@ class _Compiler:
             except FilterEvaluationError:
                 pass
         return _Node(evaluate, text, position, kind)
+
+    def read(self, scope: str, key: str) -> None:
+        """Note that the rule reads property ``key`` of ``scope``."""
+        if self.reads is not None:
+            self.reads.add((scope, SYSTEM_ALIASES.get(key, key) if scope == "sys" else key))
 
     def node(self, child: _Child) -> _Node:
         """The node of a subtree, compiled by the method named after its rule."""
@@ -511,6 +525,7 @@ class _Compiler:
     def _exists(self, tree: ParseTree) -> _Node:
         target = _subtree(tree.children[2])
         scope, _, key = self.property_name(target)
+        self.read(scope, key)
         _, present = _accessors(scope, key, self.span(target)[0])
         return self.built(tree, present, BOOLEAN, [])
 
@@ -595,6 +610,7 @@ class _Compiler:
 
     def _property(self, tree: ParseTree) -> _Node:
         scope, _, key = self.property_name(tree)
+        self.read(scope, key)
         text, position = self.span(tree)
         value, _ = _accessors(scope, key, text)
         return _Node(value, text, position, UNKNOWN)
@@ -630,6 +646,7 @@ class _Compiler:
             raise self.error(name_token.start_pos or 0,
                              f"{name}() takes {arity} argument{'s' if arity != 1 else ''}, "
                              f"not {len(arguments)}")
+        self.reads = None  # a new id each time, or a property known only when it runs
         if name == "newid":
             def newid(view: MessageView) -> str:
                 return str(uuid.uuid4())
