@@ -65,15 +65,25 @@ def parse_states(frame: DataFrame) -> DataFrame:
             .withColumn("event_time", F.timestamp_millis("ts")))
 
 
+#: an event's offsets, those it gives as ``ranges`` too (``[first, end)``
+#: runs, flat: see ``topics.events.as_ranges``), in order
+_ALL_OFFSETS = ("concat(coalesce(offsets, array()), coalesce(case when size(ranges) > 0 then "
+                "flatten(transform(sequence(0, size(ranges) div 2 - 1), "
+                "i -> sequence(ranges[2 * i], ranges[2 * i + 1] - 1))) end, array()))")
+
+
 def read_events(spark: SparkSession, settings: ConnectionSettings,
                 entities: list[str]) -> DataFrame:
-    """The events of ``entities`` that name offsets, once per command (batch).
+    """The events of ``entities`` that name offsets, once per command (batch),
+    each with every offset it names in ``offsets`` (those it gives as
+    ``ranges`` too).
 
     A command processed again after a crash publishes the same events again,
     under the same command id."""
     raw = read_kafka(spark, settings.bootstrap_servers, [names.events(settings.namespace)],
                      security=settings.security)
     events = (parse_events(raw)
+              .withColumn("offsets", F.expr(_ALL_OFFSETS))
               .where(F.col("entity").isin(entities) & (F.size("offsets") > 0))
               .withColumn("cmd", F.coalesce("cmd", F.concat(F.lit("@"), "record_offset"))))
     return events.dropDuplicates(["cmd", "type", "entity", "partition"])

@@ -46,6 +46,7 @@ from streams.states import (
 )
 from streams.window_view import WindowView
 from topics.commands import Args, Command, DeadForwardedArgs, Op
+from topics.events import as_ranges
 from topics.rule_set import FILTER_FAILED_REASON
 
 # Marks of an accepted offset.
@@ -143,8 +144,9 @@ def accept(window: WindowView, cmd: Command[AcceptArgs], _now: int, events: list
     window.see_log_end(end, events)
     if duplicates:
         events.append(Event("duplicate", duplicates))
-    if filtered:
-        events.append(Event("filtered", sorted(filtered)))
+    if filtered:  # as runs: most offsets of a topic are left out by most subscriptions
+        events.append(Event("filtered", [], {"ranges": as_ranges(sorted(filtered)),
+                                             "count": len(filtered)}))
     if failed:  # one event says why: the first error, and on which messages
         first_error = next(iter(failed))
         events.append(Event("filter_failed", sorted(o for g in failed.values() for o in g), {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from streams.acceptance import AcceptArgs
+from streams.acceptance import FILTERED, AcceptArgs, Item
 from streams.answers import KEEP_MS
 from streams.states import MAX_DELIVERY_REASON
 from streams.window import MAX_LEFT_OUT_RANGES, InflightWindow
@@ -304,6 +304,17 @@ def test_a_million_offsets_left_out_by_the_rules_keep_no_key_each() -> None:
                                     0).result["messages"]] == sorted(plain)
     assert [g[0] for g in acquire(win, 0, n=20)] == sorted(plain)
     assert win.stats()["active"] == len(plain) and win.left_out == []
+
+
+def test_the_filtered_event_names_what_the_rules_left_out_as_runs() -> None:
+    win = scanned_window()
+    # 2 selected; 5 failed the filter and is not dead-lettered: left out too
+    outcome = win.apply(Command("a0", "q", 0, AcceptArgs(
+        0, 10, (Item(5, mark=FILTERED, error="no"),), (0, 1, 3, 4, 6, 7, 8, 9))), 0)
+    filtered = [(e.offsets, e.extra["ranges"], e.count) for e in outcome.events
+                if e.type == "filtered"]
+    assert filtered == [([], [0, 2, 3, 10], 9)]
+    assert [g[0] for g in acquire(win, 0, n=10)] == [2]
 
 
 def test_offsets_left_out_one_by_one_past_the_ranges_kept_are_never_handed_out() -> None:
