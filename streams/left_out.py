@@ -54,19 +54,23 @@ class LeftOutBlocks:
                 self._blocks[block], separators=(",", ":")).encode())
         self._dirty.clear()
 
-    def add(self, first: int, end: int, tail: int) -> int:
-        """Leave ``[first, end)`` out; it comes after every offset left out
-        before, and ``tail`` is where the last block starts (-1: none).
-        Returns where the last block starts now."""
+    def extend(self, runs: list[int], tail: int) -> int:
+        """Leave out the flat ``[first, end)`` ``runs``; they come after every
+        offset left out before, and ``tail`` is where the last block starts
+        (-1: none). Returns where the last block starts now."""
         bounds = self._block(tail) if tail >= 0 else []
-        if bounds and bounds[-1] == first:
-            bounds[-1] = end
-        elif tail >= 0 and len(bounds) < 2 * RANGES_PER_BLOCK:
-            bounds += (first, end)
-        else:
-            tail = first
-            self._blocks[tail] = [first, end]
-        self._dirty.add(tail)
+        if bounds and runs and bounds[-1] == runs[0]:
+            bounds[-1] = runs[1]
+            runs = runs[2:]
+            self._dirty.add(tail)
+        while runs:
+            if tail < 0 or len(bounds) >= 2 * RANGES_PER_BLOCK:
+                tail = runs[0]
+                bounds = self._blocks[tail] = []
+            room = 2 * RANGES_PER_BLOCK - len(bounds)
+            bounds += runs[:room]
+            runs = runs[room:]
+            self._dirty.add(tail)
         return tail
 
     def ranges(self) -> Iterator[tuple[int, int]]:

@@ -43,6 +43,7 @@ from streams.window import InflightWindow
 from topics import names
 from topics.commands import Command, DeadForwardedArgs, valid_session_id
 from topics.connection import ConnectionSettings
+from topics.events import as_ranges
 from topics.message_record import (
     MalformedRecord,
     ScannedHeaders,
@@ -166,15 +167,16 @@ class LogScanner:
         failures = 0
         partitions = found[1].partitions if found is not None else 1
         sessions: set[str] = set()
-        left_out: list[int] = []
         # Most records of most windows: no expiry, no schedule, no duplicate
         # check (ten subscriptions ask it of each record).
         timed = bool(window.duplicate_window_ms or window.default_ttl_ms)
         selects = rules.selects if rules is not None else None
+        read_slice = records
+        kept: list[int] = []  # the offsets of those the rules do not leave out
         selected_alike: set[int] = set()
         if (rules is not None and rules.decided_by is not None
                 and not window.duplicate_window_ms):  # every record is checked for duplicates
-            records, left_out, selected_alike = self._alike(tp, records, rules, rules.decided_by)
+            records, selected_alike = self._alike(tp, records, rules, rules.decided_by)
         for read in records:
             item = self._item(key, window, read, now) if timed or not read.untimed else None
             if (selects is not None and (item is None or item.mark == PLAIN)
@@ -184,11 +186,11 @@ class LogScanner:
                 view = read.view()
                 selected = selects(view) if view is not None else True
                 if selected is False:
-                    left_out.append(read.offset)
                     continue
                 if selected is None:
                     assert rules is not None and view is not None
                     item = _filter_failed(rules, view, read.offset, item, dead_letter_errors)
+            kept.append(read.offset)
             if window.forward_to and (item is None or item.mark == PLAIN):
                 to_forward.append(read.record)  # the target applies time to live and schedule
                 if rules is not None and rules.has_actions:
@@ -212,11 +214,12 @@ class LogScanner:
         if to_forward:
             assert window.forward_to is not None
             items += self._forwarder.forward(to_forward, window.forward_to, actioned)
+        left_out = _runs_left_out(read_slice, kept, end) if selects is not None else []
         return Command(f"accept-{uuid.uuid4().hex}", window.entity, window.partition,
                        AcceptArgs(start, end, tuple(items), tuple(left_out)))
 
     def _alike(self, tp: tuple[str, int], records: list[_Read], rules: RuleSet,
-               decided_by: tuple[str, str]) -> tuple[list[_Read], list[int], set[int]]:
+               decided_by: tuple[str, str]) -> tuple[list[_Read], set[int]]:
         """:func:`_verdicts` of ``records``, grouped once for the windows that
         read the same ones (the subscriptions of a topic that keep up)."""
         grouped = self._grouped.get((tp, decided_by))
@@ -502,30 +505,50 @@ class _Grouped:
             records[0].offset, records[-1].offset, len(records))
 
 
-def _verdicts(grouped: _Grouped, rules: RuleSet) -> tuple[list[_Read], list[int], set[int]]:
-    """The records ``rules`` may select, in order, the offsets they leave
-    out, and those they select, the rules asked once per group of records
-    alike in what decides them: ten subscriptions filtering a topic on
-    ``bucket`` each asked of every record, in a loop, and read all of every
-    record's properties for it (8-9 us a record, 1.4-2.3 grouped). A group
-    whose first record breaks the format or fails a filter is left to be
-    asked one by one."""
+def _verdicts(grouped: _Grouped, rules: RuleSet) -> tuple[list[_Read], set[int]]:
+    """The records ``rules`` may select, in order (the others they leave
+    out), and the offsets of those they select, the rules asked once per
+    group of records alike in what decides them: ten subscriptions
+    filtering a topic on ``bucket`` each asked of every record, in a loop,
+    and read all of every record's properties for it (8-9 us a record,
+    1.4-2.3 grouped). A group whose first record breaks the format or fails
+    a filter is left to be asked one by one."""
     may_select: list[_Read] = []
-    left_out: list[int] = []
     selected: set[int] = set()
     for reads in grouped.alike:
         view = reads[0].view()
         verdict = rules.selects(view) if view is not None else None
         if verdict is False:
-            left_out += [read.offset for read in reads]
             continue
         if verdict:
             selected.update(read.offset for read in reads)
         may_select += reads
     if len(grouped.alike) > 1:
         may_select.sort(key=_offset)
-        left_out.sort()
-    return may_select, left_out, selected
+    return may_select, selected
+
+
+def _runs_left_out(records: list[_Read], kept: list[int], end: int) -> list[int]:
+    """The offsets of ``records`` before ``end`` that are not ``kept`` (both
+    in order), as flat ``[first, end)`` runs (``topics.events.as_ranges``):
+    the gaps between the kept ones, so a subscription that selects one
+    record in ten costs a step per selected record, not per record left out.
+    A log with holes in its offsets (transaction markers, compaction) is
+    gone through record by record: a hole is no record to leave out."""
+    if not records:
+        return []
+    first = records[0].offset
+    if records[-1].offset - first + 1 != len(records):
+        kept_set = set(kept)
+        return as_ranges([r.offset for r in records if r.offset < end and r.offset not in kept_set])
+    runs: list[int] = []
+    for offset in kept:
+        if offset > first:
+            runs += (first, offset)
+        first = offset + 1
+    if end > first:
+        runs += (first, end)
+    return runs
 
 
 def _filter_failed(rules: RuleSet, view: MessageView, offset: int, item: Item | None,

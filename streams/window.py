@@ -625,39 +625,53 @@ class InflightWindow:
                 return
         yield from range(offset, stop)
 
-    def leave_out(self, offsets: list[int]) -> None:
-        """``offsets`` (in order, after every offset left out before) are
-        never to be handed out. Those at or after ``next`` become ranges of
-        :attr:`left_out` (at most :data:`MAX_LEFT_OUT_RANGES`; beyond, ranges
-        in blocks of their own); one that has an entry already gets a
-        cancelled entry, and those before ``next`` are settled."""
+    def leave_out(self, runs: list[int]) -> None:
+        """The offsets of ``runs`` (flat ``[first, end)`` runs in order, after
+        every offset left out before) are never to be handed out. Those at
+        or after ``next`` become ranges of :attr:`left_out` (at most
+        :data:`MAX_LEFT_OUT_RANGES`; beyond, ranges in blocks of their own);
+        one that has an entry already gets a cancelled entry, and those
+        before ``next`` are settled."""
+        runs = self._unreached(runs)
         ranges = [list(r) for r in self.left_out]  # new lists: the header before must not change
-        for first, end in self._runs_left_out(offsets):
-            if not self.spilled and ranges and ranges[-1][1] == first:
+        kept = 0
+        while kept < len(runs) and not self.spilled:
+            first, end = runs[kept], runs[kept + 1]
+            if ranges and ranges[-1][1] == first:
                 ranges[-1][1] = end
-            elif not self.spilled and len(ranges) < MAX_LEFT_OUT_RANGES:
+            elif len(ranges) < MAX_LEFT_OUT_RANGES:
                 ranges.append([first, end])
             else:
-                self.spill_tail = self.left_out_blocks.add(first, end, self.spill_tail)
-                self.spilled += end - first
+                break
+            kept += 2
+        if kept < len(runs):
+            spilled = runs[kept:]
+            self.spill_tail = self.left_out_blocks.extend(spilled, self.spill_tail)
+            self.spilled += sum(spilled[1::2]) - sum(spilled[::2])
         self.left_out = ranges
 
-    def _runs_left_out(self, offsets: list[int]) -> Iterator[tuple[int, int]]:
-        """``[first, end)`` runs of consecutive ``offsets`` to keep as
-        left out; those reached already, or with an entry, are settled."""
-        first = end = -1
-        for offset in offsets:
-            if offset < self.next or (self.ahead and self.entries.get(offset) is not None):
-                if offset >= self.next or self.entries.get(offset) is not None:
-                    self.settled(offset)
-                continue
-            if offset != end:
-                if first >= 0:
-                    yield first, end
-                first = offset
-            end = offset + 1
-        if first >= 0:
-            yield first, end
+    def _unreached(self, runs: list[int]) -> list[int]:
+        """The runs of ``runs`` to keep as left out: an offset reached
+        already, or with an entry, is settled instead (looked at one by one
+        only where that may be: before ``next``, or while entries are parked
+        ahead of it)."""
+        if not runs or (runs[0] >= self.next and not self.ahead):
+            return runs
+        kept: list[int] = []
+        for first, end in zip(runs[::2], runs[1::2], strict=True):
+            start = -1
+            for offset in range(first, end):
+                if offset < self.next or (self.ahead and self.entries.get(offset) is not None):
+                    if offset >= self.next or self.entries.get(offset) is not None:
+                        self.settled(offset)
+                    if start >= 0:
+                        kept += (start, offset)
+                    start = -1
+                elif start < 0:
+                    start = offset
+            if start >= 0:
+                kept += (start, end)
+        return kept
 
     def _acquire_deferred(self, cmd: Command[AcquireDeferredArgs], now: int,
                           events: list[Event]) -> dict[str, Any]:

@@ -155,15 +155,29 @@ def test_rules_asked_once_per_group_of_alike_records_decide_as_one_by_one(
     rules = RuleSet([RuleSpec("r", {"type": "sql", "expression": expression})])
     assert rules.decided_by is not None
     reads = [log_scanner._Read(record) for record in _alike_records()]
-    may_select, left_out, selected = log_scanner._verdicts(
+    may_select, selected = log_scanner._verdicts(
         log_scanner._Grouped(reads, rules.decided_by), rules)
     one_by_one = {read.offset: rules.selects(view) if (view := read.view()) is not None else None
                   for read in reads}
-    assert left_out == [o for o, verdict in one_by_one.items() if verdict is False]
     assert [read.offset for read in may_select] == [
         o for o, verdict in one_by_one.items() if verdict is not False]
     assert selected == {o for o, verdict in one_by_one.items() if verdict is True}
     assert len(log_scanner._Grouped(reads, rules.decided_by).alike) < len(reads) / 2
+
+
+def test_what_the_rules_leave_out_goes_as_the_runs_between_the_records_kept() -> None:
+    def runs(offsets: list[int], kept: list[int], end: int) -> list[int]:
+        reads = [log_scanner._Read(Message(topic="t", partition=0, offset=o, value=b"",
+                                           headers=[])) for o in offsets]
+        return log_scanner._runs_left_out(reads, kept, end)
+
+    assert runs(list(range(10, 20)), [12, 13, 17], 20) == [10, 12, 14, 17, 18, 20]
+    assert runs(list(range(10, 20)), [10, 19], 20) == [11, 19]
+    assert runs(list(range(10, 20)), list(range(10, 20)), 20) == []
+    assert runs(list(range(10, 20)), [], 20) == [10, 20]
+    assert runs(list(range(10, 20)), [12, 15], 16) == [10, 12, 13, 15]  # cut short at 16
+    # holes in the log (a transaction's marker at 13, compacted 16-17) are no records
+    assert runs([10, 11, 12, 14, 15, 18, 19], [11, 19], 20) == [10, 11, 12, 13, 14, 16, 18, 19]
 
 
 def test_rules_that_read_more_than_one_property_are_asked_of_each_record() -> None:
