@@ -66,7 +66,7 @@ def parse_states(frame: DataFrame) -> DataFrame:
 
 
 #: an event's offsets, those it gives as ``ranges`` too (``[first, end)``
-#: runs, flat: see ``topics.events.as_ranges``), in order
+#: runs, flat: see ``topics.runs``), in order
 _ALL_OFFSETS = ("concat(coalesce(offsets, array()), coalesce(case when size(ranges) > 0 then "
                 "flatten(transform(sequence(0, size(ranges) div 2 - 1), "
                 "i -> sequence(ranges[2 * i], ranges[2 * i + 1] - 1))) end, array()))")

@@ -46,8 +46,8 @@ from streams.states import (
 )
 from streams.window_view import WindowView
 from topics.commands import Args, Command, DeadForwardedArgs, Op
-from topics.events import as_ranges
 from topics.rule_set import FILTER_FAILED_REASON
+from topics.runs import as_runs, run_pairs, run_total
 
 # Marks of an accepted offset.
 (PLAIN, DUPLICATE, FORWARDED, TOO_MANY_HOPS, TARGET_MISSING, FILTERED, FILTER_FAILED,
@@ -76,7 +76,7 @@ class AcceptArgs(Args):
     """The log scanner vouches for the offsets of ``[first, end)``; ``items``:
     what it found per offset (the others are plain); ``left_out``: the
     offsets the subscription's rules did not select, none failing, as flat
-    ``[first, end)`` runs (``topics.events.as_ranges``; an item each cost a
+    ``[first, end)`` runs (``topics.runs``; an item each cost a
     topic's ten subscriptions more than their rules, and an offset each,
     gone through three times, was most of an accept's time)."""
 
@@ -142,8 +142,8 @@ def accept(window: WindowView, cmd: Command[AcceptArgs], _now: int, events: list
             expiries.append([offset, expires])
     left_out = _within(cmd.args.left_out, first, end)
     if filtered:
-        left_out = _union(left_out, as_ranges(sorted(filtered)))
-    window.leave_out(_union(left_out, as_ranges(sorted([*duplicates, *forwarded])))
+        left_out = _union(left_out, as_runs(sorted(filtered)))
+    window.leave_out(_union(left_out, as_runs(sorted([*duplicates, *forwarded])))
                      if duplicates or forwarded else left_out)
     window.expire_later(expiries)
     window.scanned = end
@@ -152,7 +152,7 @@ def accept(window: WindowView, cmd: Command[AcceptArgs], _now: int, events: list
         events.append(Event("duplicate", duplicates))
     if left_out:  # as runs: most offsets of a topic are left out by most subscriptions
         events.append(Event("filtered", [], {"ranges": left_out,
-                                             "count": sum(left_out[1::2]) - sum(left_out[::2])}))
+                                             "count": run_total(left_out)}))
     if failed:  # one event says why: the first error, and on which messages
         first_error = next(iter(failed))
         events.append(Event("filter_failed", sorted(o for g in failed.values() for o in g), {
@@ -170,7 +170,7 @@ def _within(runs: tuple[int, ...], first: int, end: int) -> list[int]:
     if not runs or (runs[0] >= first and runs[-1] <= end):  # as the scanner makes them
         return list(runs)
     cut: list[int] = []
-    for a, b in zip(runs[::2], runs[1::2], strict=True):
+    for a, b in run_pairs(runs):
         a, b = max(a, first), min(b, end)
         if a < b:
             cut += (a, b)
@@ -180,7 +180,7 @@ def _within(runs: tuple[int, ...], first: int, end: int) -> list[int]:
 def _union(*runs: list[int]) -> list[int]:
     """Flat runs that do not overlap, joined into one flat list in order."""
     joined: list[int] = []
-    for a, b in sorted(pair for flat in runs for pair in zip(flat[::2], flat[1::2], strict=True)):
+    for a, b in sorted(pair for flat in runs for pair in run_pairs(flat)):
         if joined and joined[-1] >= a:
             joined[-1] = max(joined[-1], b)
         else:

@@ -38,6 +38,7 @@ from streams.states import (
     TRANSFER_DEAD_LOCKED,
 )
 from streams.store import Txn
+from topics.runs import as_runs, run_offsets
 
 CHUNK = 128
 #: dead-letter texts longer than this (reason and description together) are
@@ -281,17 +282,6 @@ def _plainly_queued(entry: Entry) -> bool:
             and entry == Entry(QUEUED, session=entry.session))
 
 
-def _runs(offsets: tuple[int, ...]) -> list[int]:
-    """Sorted ``offsets`` as ``[first, end, first, end, ...]``."""
-    runs: list[int] = []
-    for offset in offsets:
-        if runs and runs[-1] == offset:
-            runs[-1] = offset + 1
-        else:
-            runs += [offset, offset + 1]
-    return runs
-
-
 class _Chunk:
     """The entries of :data:`CHUNK` consecutive offsets, as stored: a JSON
     object of offset -> :meth:`Entry.encode` fields. An entry is decoded only
@@ -345,8 +335,7 @@ class _Chunk:
         if cached is None:
             fields = json.loads(raw)
             runs = fields.pop(_QUEUED, {})
-            queued = {session: tuple(o for first, end in zip(r[::2], r[1::2], strict=True)
-                                     for o in range(first, end))
+            queued = {session: tuple(run_offsets(r))
                       for session, r in runs.items()}
             cached = (fields, {}, False, queued, {}, {})
         cls._remember(raw, cached)
@@ -450,7 +439,7 @@ class _Chunk:
             runs = self._queued_pieces
             for session in self._queued.keys() - runs.keys():
                 runs[session] = (_JSON.encode(session) + ":"
-                                 + _JSON.encode(_runs(self._queued[session])))
+                                 + _JSON.encode(as_runs(self._queued[session])))
             body += ("," if body else "") + f'"{_QUEUED}":{{' + ",".join(
                 [runs[session] for session in self._queued]) + "}"
         raw = ("{" + body + "}").encode()

@@ -18,6 +18,7 @@ import json
 from collections.abc import Iterator
 
 from streams.store import Txn
+from topics.runs import run_pairs
 
 #: ranges one block key holds (a few kilobytes of JSON)
 RANGES_PER_BLOCK = 256
@@ -78,7 +79,7 @@ class LeftOutBlocks:
         before ``next`` are gone with their block, or skipped by the caller)."""
         for key, raw in self._txn.range(self._prefix, self._prefix + b"~"):
             bounds = self._block(int(key[len(self._prefix):], 16), raw)
-            yield from _ranges(bounds)
+            yield from run_pairs(bounds)
 
     def pass_to(self, before: int, now: int) -> int:
         """``next`` moved from ``before`` to ``now`` (never inside a range):
@@ -88,7 +89,7 @@ class LeftOutBlocks:
         for key, raw in list(self._txn.range(self._prefix, self._prefix + b"~")):
             block = int(key[len(self._prefix):], 16)
             bounds = self._block(block, raw)
-            passed += sum(end - first for first, end in _ranges(bounds)
+            passed += sum(end - first for first, end in run_pairs(bounds)
                           if before <= first and end <= now)
             if bounds[-1] > now:
                 break
@@ -97,7 +98,3 @@ class LeftOutBlocks:
             self._dirty.discard(block)
         return passed
 
-
-def _ranges(bounds: list[int]) -> Iterator[tuple[int, int]]:
-    """``(first, end)`` of each range of a flat block."""
-    return zip(bounds[::2], bounds[1::2], strict=True)

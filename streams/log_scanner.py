@@ -43,7 +43,6 @@ from streams.window import InflightWindow
 from topics import names
 from topics.commands import Command, DeadForwardedArgs, valid_session_id
 from topics.connection import ConnectionSettings
-from topics.events import as_ranges
 from topics.message_record import (
     MalformedRecord,
     ScannedHeaders,
@@ -56,6 +55,7 @@ from topics.offsets import OFFSET_UNKNOWN, offset_of, position_of, take
 from topics.partitions import session_partition
 from topics.rule_set import RuleSet
 from topics.rules import MessageView
+from topics.runs import as_runs
 
 log = logging.getLogger(__name__)
 MAX_RECORDS = 5000
@@ -530,7 +530,7 @@ def _verdicts(grouped: _Grouped, rules: RuleSet) -> tuple[list[_Read], set[int]]
 
 def _runs_left_out(records: list[_Read], kept: list[int], end: int) -> list[int]:
     """The offsets of ``records`` before ``end`` that are not ``kept`` (both
-    in order), as flat ``[first, end)`` runs (``topics.events.as_ranges``):
+    in order), as flat ``[first, end)`` runs (``topics.runs``):
     the gaps between the kept ones, so a subscription that selects one
     record in ten costs a step per selected record, not per record left out.
     A log with holes in its offsets (transaction markers, compaction) is
@@ -540,7 +540,7 @@ def _runs_left_out(records: list[_Read], kept: list[int], end: int) -> list[int]
     first = records[0].offset
     if records[-1].offset - first + 1 != len(records):
         kept_set = set(kept)
-        return as_ranges([r.offset for r in records if r.offset < end and r.offset not in kept_set])
+        return as_runs([r.offset for r in records if r.offset < end and r.offset not in kept_set])
     runs: list[int] = []
     for offset in kept:
         if offset > first:

@@ -85,6 +85,7 @@ from topics.commands import (
     batch_id,
     lock_token,
 )
+from topics.runs import run_pairs, run_total
 
 #: settle actions -> the event they produce
 _SETTLED = {"complete": "completed", "abandon": "abandoned", "release": "abandoned",
@@ -647,7 +648,7 @@ class InflightWindow:
         if kept < len(runs):
             spilled = runs[kept:]
             self.spill_tail = self.left_out_blocks.extend(spilled, self.spill_tail)
-            self.spilled += sum(spilled[1::2]) - sum(spilled[::2])
+            self.spilled += run_total(spilled)
         self.left_out = ranges
 
     def _unreached(self, runs: list[int]) -> list[int]:
@@ -658,7 +659,7 @@ class InflightWindow:
         if not runs or (runs[0] >= self.next and not self.ahead):
             return runs
         kept: list[int] = []
-        for first, end in zip(runs[::2], runs[1::2], strict=True):
+        for first, end in run_pairs(runs):
             start = -1
             for offset in range(first, end):
                 if offset < self.next or (self.ahead and self.entries.get(offset) is not None):

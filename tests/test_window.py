@@ -10,7 +10,7 @@ from streams.states import MAX_DELIVERY_REASON
 from streams.window import MAX_LEFT_OUT_RANGES, InflightWindow
 from tests.wire_commands import wire_command
 from topics.commands import ClientArgs, Command, ExpireArgs, Policy
-from topics.events import as_ranges
+from topics.runs import as_runs
 
 _ids = itertools.count()
 POLICY = Policy(lock_ms=1000, max_delivery=3)
@@ -290,7 +290,7 @@ def accept_all(win: InflightWindow, end: int, plain: set[int], per_command: int 
     left out by the subscription's rules (in commands as the scanner sends them)."""
     for first in range(0, end, per_command):
         stop = min(first + per_command, end)
-        left_out = as_ranges([o for o in range(first, stop) if o not in plain])
+        left_out = as_runs([o for o in range(first, stop) if o not in plain])
         assert win.apply(Command(f"a{first}", "q", 0, AcceptArgs(first, stop, (), tuple(left_out))),
                          0).result["accepted"]
 

@@ -8,7 +8,7 @@ Spark jobs that read them (``spark.records``) agree.
   concerns and the ``cmd`` that caused it (a command processed again after a
   crash publishes the same events again, under the same id), keyed
   ``ENTITY#PARTITION``. The offsets are listed in ``offsets``, or, for the
-  ``filtered`` event, given as ``ranges`` (see :func:`as_ranges`).
+  ``filtered`` event, given as ``ranges`` (runs: see :mod:`topics.runs`).
 * A state record is a window's summary (its counts, ``start``, ``next``,
   ``hw``, event totals), keyed ``ENTITY#PARTITION``, or, on session-enabled
   entities, a session's (``session``, ``active``, ``locked_until``,
@@ -57,7 +57,7 @@ EVENT_FIELDS = (
     Field("first", LONG), Field("to", TEXT), Field("until", LONG),
     *_fields(LONGS, "held", "deliveries", "enqueued"),
     # offsets as runs, instead of ``offsets``: what a subscription's rules
-    # left out (see ``as_ranges``)
+    # left out (see ``topics.runs``)
     Field("ranges", LONGS))
 
 #: a window's counts of messages by state, on its state record
@@ -81,23 +81,6 @@ def event_record(type_: str, entity: str, partition: int, offsets: list[int], co
     """An event record, its fields in the order the engine has always written them."""
     return {"type": type_, "entity": entity, "partition": partition, "offsets": offsets,
             "count": count, "ts": ts, "cmd": command_id, **extra}
-
-
-def as_ranges(offsets: list[int]) -> list[int]:
-    """Offsets in increasing order as ``[first, end)`` runs, flat (``[first,
-    end, first, end, ...]``): how a ``filtered`` event names them. Ten
-    subscriptions that each select a tenth of a topic leave out nine offsets
-    in ten: listed one by one, their JSON (in the engine's commit records,
-    then again on the events topic) was a tenth of the engine's Python time
-    while the topic was published; as runs they are two numbers per
-    selected message."""
-    flat: list[int] = []
-    for offset in offsets:
-        if flat and flat[-1] == offset:
-            flat[-1] = offset + 1
-        else:
-            flat += (offset, offset + 1)
-    return flat
 
 
 #: event fields that hold one value per offset, in the order of ``offsets``
