@@ -50,6 +50,7 @@ from streams.app import (
     engine_partitions,
     entries,
     events_topic,
+    header_lines,
     headers,
     records,
     replies_topic,
@@ -788,6 +789,7 @@ def _send_commit(chunks: list[_Chunk]) -> _Pending:
     if len(_written) > 10_000:
         _written.clear()
     for chunk, record in zip(changed, records, strict=True):
+        header_lines.noted(chunk.key, record)
         # copies: a window that goes on applying commands changes its own dicts
         _written[chunk.key] = (record, {k: dict(v) if isinstance(v, dict) else v
                                         for k, v in chunk.window.header().items()})
@@ -987,6 +989,7 @@ async def _drop(key: bytes, raw: bytes, store: TableStore, header_store: TableSt
     body = InflightWindow.body_of(raw)
     prefix = InflightWindow(body["entity"], body["partition"]).prefix
     await header_store.write(key, None)
+    header_lines.noted(key, None)
     stale = [k for k, _ in store.range(prefix, prefix[:-1] + b"\x01")]
     await asyncio.gather(*(store.write(k, None) for k in stale))
     for hook in on_window_dropped:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from streams.app import app, stored_headers, timer_interval, window_partition
+from streams.app import app, header_lines, timer_interval, window_partition
 from streams.command_agent import clock, on_tick, request_tick, run_internal
 from streams.window import InflightWindow
 from topics.commands import Command, ExpireArgs
@@ -41,8 +41,8 @@ async def _sweep(only: int | None) -> None:
     ``only``); tick the partitions whose log is behind the wall clock."""
     wall = int(time.time() * 1000)
     ticked: set[int] = set()
-    for key, raw in stored_headers():
-        wake = InflightWindow.wake_of(raw) if raw else None
+    for key, line in header_lines.items():
+        wake = InflightWindow.wake_of(line)
         if wake is None or wake > wall:
             continue
         entity, partition = split_window_key(key.decode())

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 
-from streams.app import app, entries, headers, records, settings, stored_headers, window_partition
+from streams.app import app, entries, header_lines, headers, records, settings, window_partition
 from streams.command_agent import definitions, on_window_dropped, parsed_header, run_internal
 from streams.log_scanner import LogScanner
 from streams.table_store import TableStore
@@ -31,8 +31,8 @@ async def scan_queue_logs() -> None:
     listed_at = 0.0
     while True:
         if time.monotonic() - listed_at > 1.0:
-            scanned = [key for key, raw in stored_headers()
-                       if raw and InflightWindow.is_scanned(raw)]
+            scanned = [key for key, line in header_lines.items()
+                       if InflightWindow.is_scanned(line)]
             listed_at = time.monotonic()
         due = [window for key in scanned if not _scanner.nothing_new(key.decode())
                and (raw := headers.get(key)) and InflightWindow.is_scanned(raw)

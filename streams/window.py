@@ -231,13 +231,15 @@ class InflightWindow:
 
     @staticmethod
     def wake_of(raw: bytes) -> int | None:
-        """When the stored window next has work for the timer, without parsing it."""
+        """When the stored window next has work for the timer, without
+        parsing it (``raw``: the stored header, or its first line)."""
         head = raw.partition(b"\n")[0].split(b" ")[0]
         return None if head in (b"-", b"") else int(head)
 
     @staticmethod
     def is_scanned(raw: bytes) -> bool:
-        """Whether the engine reads this window's headers, without parsing it."""
+        """Whether the engine reads this window's log, without parsing it
+        (``raw``: the stored header, or its first line)."""
         return raw.partition(b"\n")[0].endswith(b" scan")
 
     def wake_at(self) -> int | None:
