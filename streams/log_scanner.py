@@ -23,7 +23,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
@@ -75,6 +75,14 @@ _PLACE_KEPT_S = 5.0
 #: dead letters looked at per scan for forward_dead_letters_to
 _DEAD_LETTERS_PER_SCAN = 1_000
 
+class Scanned(NamedTuple):
+    """What a scan of one window found: its commands, and whether its log
+    holds more than they take (an accept cut at a limit: scan again soon)."""
+
+    commands: list[Command]
+    more: bool
+
+
 class LogScanner:
     """Scans from a worker thread; :meth:`reset` may come from another."""
 
@@ -107,12 +115,13 @@ class LogScanner:
         self._grouped: dict[tuple[tuple[str, int], tuple[str, str]], _Grouped] = {}
         self._forwarder = Forwarder(settings)
 
-    def scan(self, window: InflightWindow) -> list[Command]:
+    def scan(self, window: InflightWindow) -> Scanned:
         """Commands for what changed in ``window``'s log: an ``accept`` for its
         next records, a ``dead_forwarded`` for dead letters moved on."""
         with self._lock:
-            commands = [self._scan(window), self._forward_dead_letters(window)]
-            return [c for c in commands if c is not None]
+            accept, more = self._scan(window)
+            commands = [accept, self._forward_dead_letters(window)]
+            return Scanned([c for c in commands if c is not None], more)
 
     def nothing_new(self, key: str) -> bool:
         """Whether the log of window ``key`` has not grown since its last
@@ -136,7 +145,9 @@ class LogScanner:
             self._recent.clear()
             self._grouped.clear()
 
-    def _scan(self, window: InflightWindow) -> Command | None:
+    def _scan(self, window: InflightWindow) -> tuple[Command | None, bool]:
+        """The accept of the window's next records, if any, and whether the
+        log holds more than it takes (cut at a limit)."""
         assert window.scanned is not None
         key = f"{window.entity}#{window.partition}"
         # Each scan goes on from where the window stands: the accepts of the
@@ -155,7 +166,8 @@ class LogScanner:
         if not records:
             if not window.forward_dead_letters_to:
                 self._at_end[key] = (tp, start)
-            return None
+            return None, False
+        more = len(records) >= MAX_RECORDS  # as many as one read takes
         now = int(time.time() * 1000)
         items, to_forward = [], []
         #: offset -> what the rule actions made of a forwarded record's properties
@@ -201,6 +213,7 @@ class LogScanner:
                 if item.session is not None and item.session not in sessions:
                     if len(sessions) >= MAX_SESSIONS_PER_ACCEPT:
                         end = read.offset  # the next scan goes on from here
+                        more = True
                         break
                     sessions.add(item.session)
             if item is not None:
@@ -210,13 +223,14 @@ class LogScanner:
                 # Each failure is stored with its error: keep the accept small
                 # enough to store at once; the next scan goes on from here.
                 end = read.offset + 1
+                more = True
                 break
         if to_forward:
             assert window.forward_to is not None
             items += self._forwarder.forward(to_forward, window.forward_to, actioned)
         left_out = _runs_left_out(read_slice, kept, end) if selects is not None else []
         return Command(f"accept-{uuid.uuid4().hex}", window.entity, window.partition,
-                       AcceptArgs(start, end, tuple(items), tuple(left_out)))
+                       AcceptArgs(start, end, tuple(items), tuple(left_out))), more
 
     def _alike(self, tp: tuple[str, int], records: list[_Read], rules: RuleSet,
                decided_by: tuple[str, str]) -> tuple[list[_Read], set[int]]:
