@@ -75,6 +75,7 @@ _PLACE_KEPT_S = 5.0
 #: dead letters looked at per scan for forward_dead_letters_to
 _DEAD_LETTERS_PER_SCAN = 1_000
 
+
 class Scanned(NamedTuple):
     """What a scan of one window found: its commands, and whether its log
     holds more than they take (an accept cut at a limit: scan again soon)."""
