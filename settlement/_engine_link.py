@@ -50,6 +50,7 @@ from topics.commands import (
     SettleArgs,
     decode_reply,
     encode_command,
+    final_at_append,
     wake_headers,
 )
 from topics.connection import ConnectionSettings
@@ -60,10 +61,6 @@ from topics.partitions import command_partition
 log = logging.getLogger(__name__)
 
 
-#: How long before a lock's end a settlement must have been appended to be
-#: final without the engine's answer: the design's bound on how far a
-#: broker's clock may step back (docs/settlement-by-log.md).
-CLOCK_STEP_BOUND_MS = 500
 #: how long one poll of the producer waits at most (a waiting caller's
 #: turn to poll comes within it)
 _POLL_S = 0.05
@@ -167,9 +164,10 @@ class EngineLink:
         replies: dict[str, Reply] = {}
         pending = list(cmds)
         retried = 0
+        quiet_copies: dict[str, Future[int | None]] = {}
         while True:
             self._wait_while_busy({c.entity for c in pending})
-            error = self._attempt(pending, replies, deadline, final_before_ms)
+            error = self._attempt(pending, replies, deadline, final_before_ms, quiet_copies)
             if error is None:
                 return [replies[c.id] for c in cmds]
             pending = [c for c in pending if c.id not in replies]
@@ -182,18 +180,37 @@ class EngineLink:
             retried += 1
 
     def _attempt(self, cmds: list[Command[ClientArgs]], replies: dict[str, Reply],
-                 call_deadline: float | None = None, final_before_ms: int | None = None
+                 call_deadline: float | None = None, final_before_ms: int | None = None,
+                 quiet_copies: dict[str, Future[int | None]] | None = None
                  ) -> ServiceBusError | None:
         """Send ``cmds`` once; put their answers in ``replies``, waiting
         ``attempt_timeout`` at most (or until ``call_deadline``). Returns the
         error that stands for those left without one (busy, timed out or
-        not sent), None when every one was answered."""
+        not sent), None when every one was answered.
+
+        ``quiet_copies``: the appends of the quiet copies sent by earlier
+        attempts. A quiet copy still on its way is waited for again, not sent
+        again: the engine keeps no answer of a quiet settlement final at its
+        append, so a second copy appended after it would find its locks gone
+        and be answered ``lock_lost``. The producer retries the copy itself,
+        and reports it failed only when Kafka refused it, so a failed one is
+        sent again."""
         started = time.monotonic()
         deadline = started + self.attempt_timeout
         if call_deadline is not None:
             deadline = min(deadline, call_deadline)
-        may_be_final = final_before_ms is not None
-        sent = [(c, self._send(c, answered=not may_be_final)) for c in cmds]
+        quiet_copies = {} if quiet_copies is None else quiet_copies
+        sent = []
+        for cmd in cmds:
+            earlier = quiet_copies.get(cmd.id)
+            if final_before_ms is None:
+                sent.append((cmd, self._send(cmd)))
+            elif earlier is not None and not (earlier.done() and earlier.exception()):
+                sent.append((cmd, (None, earlier)))
+            else:
+                fut, appended = self._send(cmd, quiet_until=final_before_ms)
+                quiet_copies[cmd.id] = appended
+                sent.append((cmd, (fut, appended)))
         # The engine cannot answer a command before Kafka has it, and a new
         # producer's first record waits for its connection and producer id
         # (0.1-0.5 s): the attempt's wait for answers starts once they are
@@ -208,8 +225,8 @@ class EngineLink:
             try:
                 if fut is None:  # sent quiet: final if appended early enough
                     assert final_before_ms is not None  # what sending it quiet took
-                    if _final(appended.result(max(0.0, deadline - time.monotonic())),
-                              final_before_ms):
+                    if final_at_append(appended.result(max(0.0, deadline - time.monotonic())),
+                                       final_before_ms):
                         replies[cmd.id] = _all_ok(cmd)
                         continue
                     # Appended too late to be final by itself: the same id again,
@@ -276,19 +293,20 @@ class EngineLink:
                      ", ".join(sorted(entities)))
             time.sleep(pause)
 
-    def _send(self, cmd: Command[ClientArgs], *, answered: bool = True
+    def _send(self, cmd: Command[ClientArgs], *, quiet_until: int | None = None
               ) -> tuple[Future[Reply] | None, Future[int | None]]:
         """Produce ``cmd``: the futures of its answer and of its append (when
         Kafka stamped it, ms; None if the broker keeps the producer's time).
-        Not ``answered``: a settlement sent quiet, which the engine does not
-        answer, so no answer is waited for (None)."""
+        With ``quiet_until``: a settlement sent quiet, of locks ending then,
+        which the engine does not answer if it is final at its append, so no
+        answer is waited for (None)."""
         fut: Future[Reply] | None = None
         appended: Future[int | None] = Future()
-        if answered:
+        if quiet_until is None:
             fut = Future()
             with self._lock:
                 self._waiting[cmd.id] = fut
-        self._produce(cmd if answered else _quiet(cmd),
+        self._produce(cmd if quiet_until is None else _quiet(cmd, quiet_until),
                       lambda err, msg: self._delivered(cmd.id, err, msg, appended))
         return fut, appended
 
@@ -410,18 +428,13 @@ class EngineLink:
         del self._producer
 
 
-def _final(appended_ms: int | None, final_before_ms: int) -> bool:
-    """Whether Kafka appended a settlement (at ``appended_ms``; None if it
-    did not stamp it) early enough to be final, its answer not waited for."""
-    return appended_ms is not None and appended_ms < final_before_ms - CLOCK_STEP_BOUND_MS
-
-
-def _quiet(cmd: Command[ClientArgs]) -> Command[ClientArgs]:
-    """``cmd`` sent to be final once appended: the engine does not answer it."""
+def _quiet(cmd: Command[ClientArgs], until: int) -> Command[ClientArgs]:
+    """``cmd`` sent to be final once appended (before ``until``, the end of
+    its earliest lock): the engine does not answer it then."""
     assert isinstance(cmd.args, SettleArgs)
     # built directly: dataclasses.replace reads the fields each time (5 us a call)
-    return Command(cmd.id, cmd.entity, cmd.partition, SettleArgs(cmd.args.items, quiet=True),
-                   cmd.reply)
+    return Command(cmd.id, cmd.entity, cmd.partition,
+                   SettleArgs(cmd.args.items, quiet=True, until=until), cmd.reply)
 
 
 def _all_ok(cmd: Command[ClientArgs]) -> Reply:

@@ -1,5 +1,7 @@
 """Answers to commands, kept by command id for a while, so a retried or
-re-processed command is answered again instead of applied again.
+re-processed command is answered again instead of applied again. (Not those
+of quiet settlements final at their append whose every item applied: their
+clients never ask again; see ``streams.window._final_and_ok``.)
 
 Clients retry a command for about 30 s (3 attempts of 10 s); answers are kept
 for :data:`KEEP_MS`, far beyond that, however many other commands the window

@@ -80,6 +80,7 @@ from topics.commands import (
     answered_by_no_one,
     decode_command,
     encode_reply,
+    final_at_append,
 )
 from topics.entities import NAMESPACE_KEY
 from topics.errors import ErrorCode
@@ -365,6 +366,7 @@ def _admit(record: CommandRecord) -> Command | None:
             _answer(exc.reply, Reply(exc.command_id, exc.reply.client, False,
                                      error_code=exc.code, error_message=str(exc)))
         return None
+    cmd = _judged_by_append(cmd, record)
     right = window_partition(cmd.window_key)
     if record.key != cmd.window_key.encode() or record.partition != right:
         _reject(cmd, ErrorCode.MISROUTED,
@@ -376,6 +378,19 @@ def _admit(record: CommandRecord) -> Command | None:
     for hook in on_client_command:
         hook(cmd, record.timestamp_ms)
     return cmd
+
+
+def _judged_by_append(cmd: Command, record: CommandRecord) -> Command:
+    """A settlement sent quiet is final once appended only if Kafka appended
+    it early enough (:func:`topics.commands.final_at_append`, the rule its
+    client judged the same append by). Appended too late, its client sends
+    the same id again and waits for the answer: it is applied as a command
+    somebody waits for, answered, its answer kept."""
+    args = cmd.args
+    if not isinstance(args, SettleArgs) or not args.quiet or final_at_append(
+            record.timestamp_ms if record.log_append_time else None, args.until):
+        return cmd
+    return Command(cmd.id, cmd.entity, cmd.partition, SettleArgs(args.items), cmd.reply)
 
 
 def request_tick(partition: int) -> None:

@@ -301,7 +301,7 @@ class InflightWindow:
         # ``wake`` is when the first timer is due: before it, nothing is
         events = self._expire(now) if self.wake is not None and self.wake <= now else []
         result = HANDLERS[cmd.op](self, cmd, now, events)
-        if remembered:
+        if remembered and not _final_and_ok(cmd, result):
             self.answers.put(cmd.id, now, self._compact(cmd, result))
             if self.answers_due is None:
                 self.answers_due = now + KEEP_MS
@@ -872,6 +872,18 @@ class InflightWindow:
         """The compacted state record of this window."""
         return {"entity": self.entity, "partition": self.partition, **self.stats(),
                 "totals": dict(self.totals)}
+
+
+def _final_and_ok(cmd: Command[Args], result: dict[str, Any]) -> bool:
+    """A settlement final once appended (the intake keeps ``quiet`` only
+    then) whose every item applied: its client took it as ok at the append
+    and never asks again, so its answer is not kept. That is most
+    settlements of a thread settling one message at a time, and each kept
+    answer is a key: a RocksDB write and a changelog record. Were it read
+    again (the engine restarted before committing its offset), its locks
+    are gone and it changes nothing (``lock_lost``)."""
+    return (isinstance(cmd.args, SettleArgs) and cmd.args.quiet
+            and all(status == "ok" for status, _ in result["results"]))
 
 
 def _coalesced(events: list[Event]) -> list[Event]:

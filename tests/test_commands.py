@@ -19,6 +19,7 @@ from settlement.exceptions import (
 )
 from streams.window import HANDLERS
 from topics.commands import (
+    CLOCK_STEP_BOUND_MS,
     OP_INFO,
     OPERATIONS,
     TICK_KEY,
@@ -49,6 +50,7 @@ from topics.commands import (
     answered_by_no_one,
     decode_command,
     encode_command,
+    final_at_append,
     lock_token,
     wake_headers,
 )
@@ -107,6 +109,29 @@ def test_a_settlement_is_quiet_only_when_it_says_so() -> None:
     assert isinstance(decoded, SettleArgs) and decoded.quiet
     with pytest.raises(CommandError, match="'quiet' must be true or false"):
         decode_command(json.dumps({**json.loads(quiet), "quiet": "yes"}).encode())
+
+
+def test_a_quiet_settlement_carries_the_lock_end_its_client_judges_its_append_by() -> None:
+    items = (SettleItem(4, "t", Action.COMPLETE),)
+    quiet = encode_command(Command("id1", "orders", 0, SettleArgs(items, quiet=True,
+                                                                  until=10_000)))
+    assert answered_by_no_one(b"orders#0", quiet)  # the flag stays last
+    decoded = decode_command(quiet).args
+    assert isinstance(decoded, SettleArgs) and (decoded.quiet, decoded.until) == (True, 10_000)
+    for bad in ("soon", -1, True):
+        with pytest.raises(CommandError, match="'until' must be a time in ms"):
+            decode_command(json.dumps({**json.loads(quiet), "until": bad}).encode())
+
+
+def test_a_settlement_is_final_at_its_append_only_well_before_its_lock_ends() -> None:
+    """The one rule the client (returning without an answer) and the engine
+    (keeping no answer) both judge an append by."""
+    until = 10_000
+    assert final_at_append(until - CLOCK_STEP_BOUND_MS - 1, until)
+    assert not final_at_append(until - CLOCK_STEP_BOUND_MS, until)
+    assert not final_at_append(until + 5, until)
+    assert not final_at_append(None, until)  # the broker did not stamp it
+    assert not final_at_append(1_000, None)  # sent without its lock's end
 
 
 def test_only_ticks_and_quiet_settlements_are_read_as_answered_by_no_one() -> None:

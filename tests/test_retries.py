@@ -21,7 +21,7 @@ from settlement.exceptions import (
 )
 from tests.helpers import Broker
 from topics import names, specs
-from topics.commands import StatsArgs, decode_command
+from topics.commands import Action, SettleArgs, SettleItem, StatsArgs, decode_command
 from topics.connection import parse_connection_string
 from topics.entities import DEFAULT_ENGINE_PARTITIONS
 
@@ -104,3 +104,25 @@ def test_an_engine_that_does_not_answer_is_retried_as_the_policy_says(
                          expected_waits, strict=True):
         # each attempt waits ATTEMPT_S for an answer, then the policy's wait (+-20 %)
         assert ATTEMPT_S + 0.8 * wait - 0.15 <= gap <= ATTEMPT_S + 1.2 * wait + 0.5, sent
+
+
+def test_a_quiet_settlement_still_on_its_way_is_waited_for_not_sent_again(
+        broker: Broker) -> None:
+    """The engine keeps no answer of a settlement final at its append, so a
+    second copy would be applied again and answered lock_lost: an attempt
+    that gave up waiting for the append (here at once) leaves the copy to
+    the producer, and the next attempt waits for that same copy."""
+    namespace = f"r{uuid.uuid4().hex[:8]}"  # no engine: final at its append or never
+    settings = parse_connection_string(broker.connection_string(namespace))
+    specs.provision_namespace(AdminClient(settings.kafka_config()), namespace,
+                              settings.profile.replication_factor)
+    policy = RetryPolicy.from_options(retry_total=3, retry_backoff_factor=0.2,
+                                      retry_mode="fixed")
+    link = EngineLink(settings, attempt_timeout=0.0, retry=policy)
+    command = link.command("nowhere", 0, SettleArgs((SettleItem(0, "t", Action.COMPLETE),)))
+    try:
+        reply = link.call(command, final_before_ms=int(time.time() * 1000) + 60_000)
+    finally:
+        link.close()
+    assert reply.ok and reply.statuses == [("ok", 0)]
+    assert len(_commands_of(broker, namespace, command.id, 1)) == 1

@@ -14,7 +14,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -136,6 +136,25 @@ def test_a_settlement_appended_after_its_lock_ended_is_refused(
     _settled_for_good(admin, "work")
     receiver.close()
     second.close()
+
+
+def test_a_settlement_appended_in_its_locks_last_half_second_is_applied_once_and_answered(
+        client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+    """Too late to be final at its append (the clock step bound), still
+    within its lock: the quiet copy is applied, and the same id sent again,
+    waited for, gets its answer instead of being applied again (which would
+    find the lock gone and raise MessageLockLostError)."""
+    queue = make_queue(lock_duration=2)
+    _send(client, queue, 2)
+    with client.get_queue_receiver(queue) as receiver:
+        messages = receiver.receive_messages(2, max_wait_time=10)
+        assert len(messages) == 2
+        for message in messages:
+            assert message.locked_until_utc is not None
+            time.sleep(max(0.0, message.locked_until_utc.timestamp() - 0.25 - time.time()))
+            receiver.complete_message(message)
+    with client.get_queue_receiver(queue) as again:
+        assert again.receive_messages(2, max_wait_time=3) == []
 
 
 def test_two_receivers_never_both_settle_one_message(

@@ -431,3 +431,33 @@ def test_settlements_applied_together_answer_and_store_as_one_by_one() -> None:
 
 def _keys(win: InflightWindow, start: bytes, stop: bytes) -> list[tuple[bytes, bytes]]:
     return list(win.store.range(start, stop))
+
+
+def test_a_quiet_settlement_whose_every_item_applied_keeps_no_answer() -> None:
+    """Final at its append, its client never asks for its answer again: only
+    a settlement somebody may ask about again (waited for, or with an item
+    refused) keeps its answer, under its id."""
+    win = new_window()
+    grants = acquire(win, 0, n=4, hw=4)
+
+    def items(*picked: list) -> list[list]:
+        return [[g[0], g[1], "complete", None, None, None, None] for g in picked]
+
+    answers = win.prefix + b"a"
+    quiet = win.apply(cmd("settle", "quiet-ok", items=items(*grants[:2]), quiet=True,
+                          until=1000), 10)
+    assert [r[0] for r in quiet.result["results"]] == ["ok", "ok"]
+    assert win.answers.get("quiet-ok") is None
+    assert not [k for k in quiet.writes if k.startswith(answers)]
+    # read again (the engine restarted before committing its offset): its
+    # locks are gone, it changes nothing
+    again = win.apply(cmd("settle", "quiet-ok", items=items(*grants[:2]), quiet=True,
+                          until=1000), 10)
+    assert [r[0] for r in again.result["results"]] == ["lock_lost", "lock_lost"]
+    assert win.stats()["active"] == 2
+    refused = win.apply(cmd("settle", "quiet-refused", items=items(grants[0], grants[2]),
+                            quiet=True, until=1000), 20)
+    assert win.answers.get("quiet-refused") is not None
+    waited = win.apply(cmd("settle", "waited", items=items(grants[3])), 30)
+    assert [r[0] for r in refused.result["results"]] == ["lock_lost", "ok"]
+    assert win.answers.get("waited") is not None and waited.result["results"] == [["ok", 0]]

@@ -394,19 +394,41 @@ class CancelArgs(_OffsetsArgs):
     OP = Op.CANCEL
 
 
+#: How long before a lock's end a settlement must have been appended to be
+#: final without the engine's answer: the design's bound on how far a
+#: broker's clock may step back (docs/settlement-by-log.md).
+CLOCK_STEP_BOUND_MS = 500
+
+
+def final_at_append(appended_ms: int | None, until_ms: int | None) -> bool:
+    """Whether a settlement of locks ending at ``until_ms``, which Kafka
+    appended at ``appended_ms`` (None: the broker did not stamp it), is final
+    once appended. The client returns without the engine's answer exactly
+    when this holds, and the engine, judging the same record by the same
+    rule, knows that nobody will ask for that answer again."""
+    return (appended_ms is not None and until_ms is not None
+            and appended_ms < until_ms - CLOCK_STEP_BOUND_MS)
+
+
 @dataclass(frozen=True)
 class SettleArgs(WireArgs):
     OP = Op.SETTLE
     items: tuple[SettleItem, ...]
-    #: the client takes the settlement as final once Kafka appended it, and
-    #: waits for no answer; if it was appended too late, the client sends the
-    #: same command id again without it, to get the (remembered) answer
+    #: the client takes the settlement as final once Kafka appended it early
+    #: enough (:func:`final_at_append`), and waits for no answer; if it was
+    #: appended too late, the client sends the same command id again without
+    #: it, to get the (remembered) answer
     quiet: bool = False
+    #: sent quiet: the end of the earliest lock it settles (ms, the log's
+    #: time), which the client judges its append by
+    until: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"items": [item.to_wire() for item in self.items]}
         if self.quiet:
-            wire["quiet"] = True
+            if self.until is not None:
+                wire["until"] = self.until
+            wire["quiet"] = True  # last: see answered_by_no_one
         return wire
 
     @classmethod
@@ -417,7 +439,11 @@ class SettleArgs(WireArgs):
         quiet = obj.get("quiet", False)
         if not isinstance(quiet, bool):
             raise CommandError("field 'quiet' must be true or false")
-        return cls(tuple(SettleItem.from_wire(item) for item in items), quiet)
+        until = obj.get("until")
+        if until is not None and (isinstance(until, bool) or not isinstance(until, int)
+                                  or until < 0):
+            raise CommandError("field 'until' must be a time in ms since the epoch")
+        return cls(tuple(SettleItem.from_wire(item) for item in items), quiet, until)
 
 
 @dataclass(frozen=True)
