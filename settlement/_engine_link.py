@@ -92,6 +92,11 @@ class EngineLink:
         #: whether a command waited for is padded to wake the engine's fetch
         #: (topics.commands.WAKE_BYTES)
         self._wakes = settings.profile.wakes_waiting_fetches
+        #: whether Kafka stamps the commands it appends (LogAppendTime): until
+        #: a delivery report says it does not (Tansu, or a commands topic made
+        #: before), settlements are sent quiet; after, each is sent once,
+        #: waited for, rather than quiet and then again
+        self._stamps_appends = True
         self._producer = Producer({**settings.kafka_config(), "acks": "all",
                                    "enable.idempotence": True, "linger.ms": 0})
         metadata = self._producer.list_topics(timeout=10)
@@ -180,9 +185,8 @@ class EngineLink:
             retried += 1
 
     def _attempt(self, cmds: list[Command[ClientArgs]], replies: dict[str, Reply],
-                 call_deadline: float | None = None, final_before_ms: int | None = None,
-                 quiet_copies: dict[str, Future[int | None]] | None = None
-                 ) -> ServiceBusError | None:
+                 call_deadline: float | None, final_before_ms: int | None,
+                 quiet_copies: dict[str, Future[int | None]]) -> ServiceBusError | None:
         """Send ``cmds`` once; put their answers in ``replies``, waiting
         ``attempt_timeout`` at most (or until ``call_deadline``). Returns the
         error that stands for those left without one (busy, timed out or
@@ -199,18 +203,18 @@ class EngineLink:
         deadline = started + self.attempt_timeout
         if call_deadline is not None:
             deadline = min(deadline, call_deadline)
-        quiet_copies = {} if quiet_copies is None else quiet_copies
-        sent = []
+        sent: list[tuple[Command[ClientArgs], tuple[Future[Reply] | None,
+                                                   Future[int | None]]]] = []
         for cmd in cmds:
             earlier = quiet_copies.get(cmd.id)
-            if final_before_ms is None:
-                sent.append((cmd, self._send(cmd)))
-            elif earlier is not None and not (earlier.done() and earlier.exception()):
+            if earlier is not None and not (earlier.done() and earlier.exception()):
                 sent.append((cmd, (None, earlier)))
+            elif final_before_ms is None or not self._stamps_appends:
+                sent.append((cmd, self._send(cmd)))
             else:
-                fut, appended = self._send(cmd, quiet_until=final_before_ms)
-                quiet_copies[cmd.id] = appended
-                sent.append((cmd, (fut, appended)))
+                quiet = self._send(cmd, quiet_until=final_before_ms)
+                quiet_copies[cmd.id] = quiet[1]
+                sent.append((cmd, quiet))
         # The engine cannot answer a command before Kafka has it, and a new
         # producer's first record waits for its connection and producer id
         # (0.1-0.5 s): the attempt's wait for answers starts once they are
@@ -333,6 +337,8 @@ class EngineLink:
         if it could not be sent."""
         if err is None:
             kind, stamp = msg.timestamp()
+            if kind != TIMESTAMP_LOG_APPEND_TIME:
+                self._stamps_appends = False
             appended.set_result(stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None)
             self._tell_waiters()
             return

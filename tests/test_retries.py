@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -126,3 +127,25 @@ def test_a_quiet_settlement_still_on_its_way_is_waited_for_not_sent_again(
         link.close()
     assert reply.ok and reply.statuses == [("ok", 0)]
     assert len(_commands_of(broker, namespace, command.id, 1)) == 1
+
+
+@pytest.mark.tansu(only=True)
+def test_where_kafka_stamps_no_append_time_a_settlement_is_sent_once(
+        broker: Broker, conn: str, make_queue: Callable[..., str]) -> None:
+    """Tansu stamps no append time, so no settlement is final at its append:
+    once a delivery report shows it, settlements are sent waited for, once,
+    instead of quiet and then again under the same id."""
+    queue = make_queue()
+    link = EngineLink(parse_connection_string(conn))
+    until = int(time.time() * 1000) + 60_000
+    try:
+        first, second = (link.command(queue, 0, SettleArgs((SettleItem(0, "t",
+                                                                       Action.COMPLETE),)))
+                         for _ in range(2))
+        for command in (first, second):  # a lock never granted: lock_lost, answered
+            assert link.call(command, final_before_ms=until).statuses == [("lock_lost", 0)]
+    finally:
+        link.close()
+    namespace = parse_connection_string(conn).namespace
+    assert len(_commands_of(broker, namespace, first.id, 2)) == 2  # quiet, then waited for
+    assert len(_commands_of(broker, namespace, second.id, 1)) == 1
