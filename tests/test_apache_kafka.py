@@ -1,6 +1,7 @@
 """Apache Kafka from Maven Central: ``settlement broker`` and ``settlement
 kafka``, the detected broker profile, and what real Kafka has that Tansu
-lacks (compaction)."""
+lacks (compaction). ``settlement kafka --brokers 3`` (its nodes, its topics'
+replicas, a restart on its data) is run by test_cluster_faults."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from confluent_kafka.admin import (
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
-    NewTopic,
 )
 
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
@@ -48,11 +48,10 @@ def _read_line(proc: subprocess.Popen[str], deadline: float) -> str:
 
 
 def _start_cli(data_dir: Path, *args: str) -> tuple[subprocess.Popen[str], list[str]]:
-    """``settlement ARGS --data-dir DATA_DIR`` (by default ``kafka`` of three
-    nodes) and its lines of output up to the ``bootstrap:`` line, the last."""
+    """``settlement ARGS --data-dir DATA_DIR`` and its lines of output up to
+    the ``bootstrap:`` line, the last."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "settlement.cli",
-         *(args or ("kafka", "--brokers", "3", "--port", "0")), "--data-dir", str(data_dir)],
+        [sys.executable, "-m", "settlement.cli", *args, "--data-dir", str(data_dir)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     lines = [_read_line(proc, deadline)]
@@ -64,52 +63,6 @@ def _start_cli(data_dir: Path, *args: str) -> tuple[subprocess.Popen[str], list[
 def _stop_cli(proc: subprocess.Popen[str]) -> None:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
-
-
-def test_settlement_kafka_runs_three_nodes_and_restarts_them_on_their_data(
-        tmp_path: Path) -> None:
-    proc, lines = _start_cli(tmp_path)
-    try:
-        nodes = [line.split() for line in lines[:3]]
-        assert [n[:2] for n in nodes] == [["node", "1:"], ["node", "2:"], ["node", "3:"]]
-        pids = [int(n[3]) for n in nodes]
-        ports = [int(n[5]) for n in nodes]
-        assert lines[3] == "bootstrap: " + ",".join(f"127.0.0.1:{p}" for p in ports)
-        bootstrap = lines[3].split()[1]
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        admin.create_topics([NewTopic("kept", 1)])["kept"].result(30)
-        # The new topic reaches the other brokers' metadata a moment later.
-        deadline = time.monotonic() + 30
-        while not (partitions := admin.list_topics("kept", timeout=10).topics["kept"].partitions):
-            assert time.monotonic() < deadline, "topic 'kept' has no partitions after 30 s"
-            time.sleep(0.1)
-        assert sorted(partitions[0].replicas) == [1, 2, 3]
-        resource = ConfigResource(ConfigResource.Type.TOPIC, "kept")
-        config = admin.describe_configs([resource])[resource].result(10)
-        assert config["min.insync.replicas"].value == "2"
-        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
-        for i in range(100):
-            producer.produce("kept", f"m{i}".encode())
-        assert producer.flush(30) == 0
-    finally:
-        _stop_cli(proc)
-    for pid in pids:  # every node stopped with the command
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
-
-    proc, lines = _start_cli(tmp_path)
-    try:
-        assert lines[3] == f"bootstrap: {bootstrap}"  # same ports, same cluster
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "check"})
-        consumer.assign([TopicPartition("kept", 0, 0)])
-        values: list[bytes] = []
-        deadline = time.monotonic() + 30
-        while len(values) < 100 and time.monotonic() < deadline:
-            values += [m.value() for m in consumer.consume(100, timeout=1) if not m.error()]
-        consumer.close()
-        assert values == [f"m{i}".encode() for i in range(100)]
-    finally:
-        _stop_cli(proc)
 
 
 def test_settlement_broker_keeps_messages_locks_dead_letters_and_sessions_across_a_restart(

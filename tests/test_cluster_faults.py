@@ -3,10 +3,13 @@
 cluster stopped and started again on its data; ``kill -9`` of one of three
 engine workers sharing a namespace under load.
 
-The cluster is the one a developer runs, ``settlement kafka --brokers 3``: the
-command must keep the two other nodes running when one dies, say so, and
-start the dead one again on its data. Each test starts its own cluster and
-engine workers; the session's broker is not used.
+The cluster is the one a developer runs, ``settlement kafka --brokers 3``,
+started once for this module (three Kafka nodes take a while to start and to
+stop): the command says where each node runs, makes topics of three replicas
+with two in sync, keeps the two other nodes running when one dies, says so,
+starts the dead one again on its data, stops every node on SIGTERM and starts
+the same cluster again on its data. Each test starts its own engine workers
+in a namespace of its own; the session's broker is not used.
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from settlement.exceptions import ServiceBusError
@@ -173,15 +179,24 @@ class KafkaCommand:
         return pids[-1]
 
     def stop(self) -> None:
+        """SIGTERM: the command stops every node and ends well."""
         if self.running:
             assert self.proc is not None
             self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(90)
+            assert self.proc.wait(90) == 0, "\n".join(self.lines[-30:])
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCommand]:
+    """One ``settlement kafka --brokers 3`` for the module's tests."""
+    command = KafkaCommand(tmp_path_factory.mktemp("kafka")).start()
+    try:
+        yield command
+    finally:
+        command.stop()
 
 
 def _leader(bootstrap: str, topic: str) -> int:
-    from confluent_kafka.admin import AdminClient
-
     metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
     return int(metadata.topics[topic].partitions[0].leader)
 
@@ -205,10 +220,103 @@ def _overlapping_locks(locks: list[tuple[int, int, float, float]],
     return found
 
 
+#: Queues of three partitions each whose six windows fall on the six engine
+#: partitions of the namespace below, one each: every worker serves some.
+SPREAD_QUEUES = ("emails", "alerts")
+SCALE_PARTITIONS = 6
+
+
+def test_one_of_three_engine_workers_killed_under_load_loses_nothing(
+        cluster: KafkaCommand, tmp_path: Path) -> None:
+    """A namespace made with six engine partitions, three workers sharing
+    them; ``kill -9`` of one while messages are sent and settled: the two
+    others take its partitions over and every message is completed once."""
+    windows = {command_partition(names.window_key(q, p), SCALE_PARTITIONS)
+               for q in SPREAD_QUEUES for p in range(3)}
+    assert windows == set(range(SCALE_PARTITIONS))
+    conn = f"Endpoint=kafka://{cluster.bootstrap};Namespace=scale{uuid.uuid4().hex[:6]}"
+    admin = ServiceBusAdministrationClient.from_connection_string(conn)
+    client = ServiceBusClient.from_connection_string(conn)
+    workers = [EngineProcess(conn, tmp_path / f"engine-{i}") for i in range(3)]
+    try:
+        assert admin.create_namespace(engine_partitions=SCALE_PARTITIONS).engine_partitions \
+            == SCALE_PARTITIONS
+        with ThreadPoolExecutor(len(workers)) as pool:
+            list(pool.map(EngineProcess.start, workers))
+        held = shared_partitions(workers, SCALE_PARTITIONS, 60)
+        assert all(held) and set().union(*held) == windows, held
+        for queue in SPREAD_QUEUES:
+            admin.create_queue(queue, lock_duration=5, max_delivery_count=50, partition_count=3)
+        loads = [Load(client, queue, total=300) for queue in SPREAD_QUEUES]
+        for load in loads:
+            load.start()
+        for load in loads:
+            load.wait_until_completed(load.total // 4, 90, *workers)
+        victim, *survivors = workers
+        victim.kill()
+        for load in loads:
+            load.wait_until_completed(load.total, 150, *survivors)
+        for load in loads:
+            load.stop()
+        for load in loads:
+            load.check_each_completed_once()
+        held = shared_partitions(survivors, SCALE_PARTITIONS, 30)
+        assert all(held) and set().union(*held) == windows, held
+    finally:
+        client.close()
+        admin.close()
+        for worker in workers:
+            worker.stop()
+
+
+def _nodes_as_started(cluster: KafkaCommand) -> dict[int, tuple[int, int]]:
+    """The command's first lines: ``node N: pid P port Q`` for nodes 1 to 3."""
+    nodes = {int(m.group(1)): (int(m.group(2)), int(m.group(3))) for line in cluster.lines
+             if (m := re.fullmatch(r"node (\d+): pid (\d+) port (\d+)", line))}
+    assert sorted(nodes) == [1, 2, 3], cluster.lines[:10]
+    return nodes
+
+
+def _check_replicas_and_write(bootstrap: str) -> None:
+    """A topic made with the cluster's defaults has a replica on each node
+    and needs two in sync; 100 records written to it with acks=all."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("kept", 1)])["kept"].result(30)
+    # The new topic reaches the other brokers' metadata a moment later.
+    deadline = time.monotonic() + 30
+    while not (partitions := admin.list_topics("kept", timeout=10).topics["kept"].partitions):
+        assert time.monotonic() < deadline, "topic 'kept' has no partitions after 30 s"
+        time.sleep(0.1)
+    assert sorted(partitions[0].replicas) == [1, 2, 3]
+    resource = ConfigResource(ConfigResource.Type.TOPIC, "kept")
+    config = admin.describe_configs([resource])[resource].result(10)
+    assert config["min.insync.replicas"].value == "2"
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    for i in range(100):
+        producer.produce("kept", f"m{i}".encode())
+    assert producer.flush(30) == 0
+
+
+def _check_written(bootstrap: str) -> None:
+    """The 100 records of :func:`_check_replicas_and_write`, read back."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "check"})
+    consumer.assign([TopicPartition("kept", 0, 0)])
+    values: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(values) < 100 and time.monotonic() < deadline:
+        values += [m.value() for m in consumer.consume(100, timeout=1) if not m.error()]
+    consumer.close()
+    assert values == [f"m{i}".encode() for i in range(100)]
+
+
 def test_leader_killed_under_load_then_whole_cluster_restarted(
-        tmp_path: Path, spark: Any) -> None:
-    cluster = KafkaCommand(tmp_path / "kafka").start()
-    conn = f"Endpoint=kafka://{cluster.bootstrap};Namespace=faults{uuid.uuid4().hex[:6]}"
+        cluster: KafkaCommand, tmp_path: Path, spark: Any) -> None:
+    """Last of the module: it restarts the whole cluster."""
+    bootstrap = cluster.bootstrap
+    nodes = _nodes_as_started(cluster)
+    assert bootstrap == ",".join(f"127.0.0.1:{port}" for _, port in nodes.values())
+    _check_replicas_and_write(bootstrap)
+    conn = f"Endpoint=kafka://{bootstrap};Namespace=faults{uuid.uuid4().hex[:6]}"
     engine = EngineProcess(conn, tmp_path / "engine").start()
     admin = ServiceBusAdministrationClient.from_connection_string(conn)
     client = ServiceBusClient.from_connection_string(conn)
@@ -263,7 +371,12 @@ def test_leader_killed_under_load_then_whole_cluster_restarted(
         client.close()
         admin.close()
         cluster.stop()
-        cluster.start()  # the same cluster, on its data
+        for node_id in nodes:  # every node stopped with the command
+            with pytest.raises(ProcessLookupError):
+                os.kill(cluster.pid(node_id), 0)
+        cluster.start()  # the same cluster, on its data, at the same addresses
+        assert cluster.bootstrap == bootstrap
+        _check_written(bootstrap)
         engine.start()
         admin = ServiceBusAdministrationClient.from_connection_string(conn)
         client = ServiceBusClient.from_connection_string(conn)
@@ -286,54 +399,3 @@ def test_leader_killed_under_load_then_whole_cluster_restarted(
         client.close()
         admin.close()
         engine.stop()
-        cluster.stop()
-
-
-#: Queues of three partitions each whose six windows fall on the six engine
-#: partitions of the namespace below, one each: every worker serves some.
-SPREAD_QUEUES = ("emails", "alerts")
-SCALE_PARTITIONS = 6
-
-
-def test_one_of_three_engine_workers_killed_under_load_loses_nothing(tmp_path: Path) -> None:
-    """A namespace made with six engine partitions, three workers sharing
-    them; ``kill -9`` of one while messages are sent and settled: the two
-    others take its partitions over and every message is completed once."""
-    windows = {command_partition(names.window_key(q, p), SCALE_PARTITIONS)
-               for q in SPREAD_QUEUES for p in range(3)}
-    assert windows == set(range(SCALE_PARTITIONS))
-    cluster = KafkaCommand(tmp_path / "kafka").start()
-    conn = f"Endpoint=kafka://{cluster.bootstrap};Namespace=scale{uuid.uuid4().hex[:6]}"
-    admin = ServiceBusAdministrationClient.from_connection_string(conn)
-    client = ServiceBusClient.from_connection_string(conn)
-    workers = [EngineProcess(conn, tmp_path / f"engine-{i}") for i in range(3)]
-    try:
-        assert admin.create_namespace(engine_partitions=SCALE_PARTITIONS).engine_partitions \
-            == SCALE_PARTITIONS
-        with ThreadPoolExecutor(len(workers)) as pool:
-            list(pool.map(EngineProcess.start, workers))
-        held = shared_partitions(workers, SCALE_PARTITIONS, 60)
-        assert all(held) and set().union(*held) == windows, held
-        for queue in SPREAD_QUEUES:
-            admin.create_queue(queue, lock_duration=5, max_delivery_count=50, partition_count=3)
-        loads = [Load(client, queue, total=300) for queue in SPREAD_QUEUES]
-        for load in loads:
-            load.start()
-        for load in loads:
-            load.wait_until_completed(load.total // 4, 90, *workers)
-        victim, *survivors = workers
-        victim.kill()
-        for load in loads:
-            load.wait_until_completed(load.total, 150, *survivors)
-        for load in loads:
-            load.stop()
-        for load in loads:
-            load.check_each_completed_once()
-        held = shared_partitions(survivors, SCALE_PARTITIONS, 30)
-        assert all(held) and set().union(*held) == windows, held
-    finally:
-        client.close()
-        admin.close()
-        for worker in workers:
-            worker.stop()
-        cluster.stop()
