@@ -18,6 +18,7 @@ the JVM has started by the time this code runs, too late to add a package.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -27,7 +28,7 @@ import pyspark
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
-from settlement.testing.maven import cache_dir
+from settlement.testing.maven import cache_dir, cache_lock
 
 #: Quiet start-up: warnings that need action only.
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
@@ -78,7 +79,10 @@ def spark_session(app_name: str = "settlement", master: str | None = None, *,
     for key, value in defaults.items():
         if submitted is None or not submitted.contains(key):
             builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    # Unless spark-submit started it, the JVM starts here and its Ivy fills
+    # the cache shared with other processes: one at a time.
+    with cache_lock("ivy") if submitted is None else contextlib.nullcontext():
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
 

@@ -6,17 +6,22 @@ Maven Central. Each set is described by a ``pom.xml`` under
 ``dependency:copy-dependencies`` into ``<cache>/<name>-<version>/``, so
 Maven resolves the transitive dependencies and its ``~/.m2`` cache is reused.
 A finished copy is renamed into place, so a crash or a parallel run never
-leaves a half-filled directory that looks complete.
+leaves a half-filled directory that looks complete; processes fetching at
+once take turns (:func:`cache_lock`), as Maven's own cache is not safe for two
+filling it together.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tqdm import tqdm
@@ -60,6 +65,27 @@ def fetch_jars(name: str, properties: dict[str, str],
     target = cache_dir() / f"{name}-{version}"
     if (target / ".complete").exists():
         return target
+    with cache_lock("maven"):
+        if (target / ".complete").exists():  # fetched by another process meanwhile
+            return target
+        return _fetch(name, version, properties, goals, target)
+
+
+@contextlib.contextmanager
+def cache_lock(name: str) -> Iterator[None]:
+    """Hold ``<cache>/.<name>.lock`` until the block ends: one process at a
+    time fills a local Maven or Ivy cache (``make test`` runs two pytest
+    workers, each starting Kafka and Spark). An flock: it ends with its
+    process, so a crash leaves no stale lock."""
+    path = cache_dir() / f".{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield  # closing the file releases it
+
+
+def _fetch(name: str, version: str, properties: dict[str, str], goals: tuple[str, ...],
+           target: Path) -> Path:
     require_java()
     mvn = shutil.which("mvn")
     if mvn is None:
