@@ -56,6 +56,7 @@ def spark_session(app_name: str = "settlement", master: str | None = None, *,
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     submitted = _submitted_conf()
+    ivy_cache = cache_dir() / "ivy"
     master = master or _chosen_master(submitted)
     if master is not None and master.startswith("local"):
         # no lookup of the host's name (and no warning about it)
@@ -70,7 +71,7 @@ def spark_session(app_name: str = "settlement", master: str | None = None, *,
     if submitted is None:
         defaults |= {"spark.jars.packages": KAFKA_PACKAGE,
                      "spark.jars.excludes": SHIPPED_WITH_PYSPARK,
-                     "spark.jars.ivy": str(cache_dir() / "ivy")}
+                     "spark.jars.ivy": str(ivy_cache)}
     else:
         _require_connector(submitted)
     builder = SparkSession.builder.appName(app_name)
@@ -81,7 +82,7 @@ def spark_session(app_name: str = "settlement", master: str | None = None, *,
             builder = builder.config(key, value)
     # Unless spark-submit started it, the JVM starts here and its Ivy fills
     # the cache shared with other processes: one at a time.
-    with cache_lock("ivy") if submitted is None else contextlib.nullcontext():
+    with cache_lock(ivy_cache) if submitted is None else contextlib.nullcontext():
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark

@@ -65,21 +65,21 @@ def fetch_jars(name: str, properties: dict[str, str],
     target = cache_dir() / f"{name}-{version}"
     if (target / ".complete").exists():
         return target
-    with cache_lock("maven"):
+    with cache_lock(target.parent):
         if (target / ".complete").exists():  # fetched by another process meanwhile
             return target
         return _fetch(name, version, properties, goals, target)
 
 
 @contextlib.contextmanager
-def cache_lock(name: str) -> Iterator[None]:
-    """Hold ``<cache>/.<name>.lock`` until the block ends: one process at a
-    time fills a local Maven or Ivy cache (``make test`` runs two pytest
-    workers, each starting Kafka and Spark). An flock: it ends with its
-    process, so a crash leaves no stale lock."""
-    path = cache_dir() / f".{name}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
+def cache_lock(directory: Path) -> Iterator[None]:
+    """Hold ``DIRECTORY/.lock`` until the block ends: one process at a time
+    fills that cache (Maven's, or Spark's Ivy: ``make test`` runs two pytest
+    workers, each starting Kafka and Spark). The lock lives in the directory
+    being filled, so whoever may fill it may lock it. An flock: it ends with
+    its process, so a crash leaves no stale lock."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield  # closing the file releases it
 
