@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 _TICK = os.sysconf("SC_CLK_TCK")
 #: the names HotSpot gives its JIT compiler threads (``/proc/PID/task/*/comm``)
@@ -40,6 +43,40 @@ class CpuMeter:
         """Cores each process kept busy on average (1.0 = one core flat out)."""
         return {name: round((after[name] - before[name]) / wall, 2) if wall > 0 else 0.0
                 for name in before}
+
+
+class EngineDurations:
+    """What an engine worker's ``/metrics`` says of its commands' time from
+    their append to the commands topic to their answer
+    (``settlement_command_duration_seconds``, by op): the engine's share of a
+    caller's wait."""
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/metrics"
+
+    def totals(self) -> dict[str, tuple[float, float]]:
+        """Per op: seconds summed and commands counted so far."""
+        with urllib.request.urlopen(self.url, timeout=5) as answer:
+            text = answer.read().decode()
+        sums: dict[str, float] = {}
+        counts: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name != "settlement_command_duration_seconds":
+                continue
+            for sample in family.samples:
+                kept = {"settlement_command_duration_seconds_sum": sums,
+                        "settlement_command_duration_seconds_count": counts}.get(sample.name)
+                if kept is not None:
+                    kept[sample.labels["op"]] = sample.value
+        return {op: (sums[op], counts.get(op, 0.0)) for op in sums}
+
+    def mean_ms_since(self, before: dict[str, tuple[float, float]], op: str) -> float | None:
+        """The mean of ``op``'s commands answered since ``before`` (ms), if any."""
+        now_sum, now_count = self.totals().get(op, (0.0, 0.0))
+        then_sum, then_count = before.get(op, (0.0, 0.0))
+        if now_count <= then_count:
+            return None
+        return (now_sum - then_sum) / (now_count - then_count) * 1000
 
 
 @dataclass

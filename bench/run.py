@@ -62,12 +62,21 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.brokers import add_broker_argument, broker_label, broker_pid, new_broker, results_path
-from bench.measure import CpuMeter, Phase, Timed, percentile, warm_line, warm_up
+from bench.measure import (
+    CpuMeter,
+    EngineDurations,
+    Phase,
+    Timed,
+    percentile,
+    warm_line,
+    warm_up,
+)
 from settlement import ServiceBusClient, ServiceBusMessage
 from settlement.exceptions import OperationTimeoutError, ServiceBusError
 from settlement.management import ServiceBusAdministrationClient
 from settlement.receiver import ServiceBusReceiveMode
 from settlement.sender import ServiceBusSender
+from settlement.testing._local_broker import free_port
 from streams.process import EngineProcess
 from topics import names
 from topics.connection import parse_connection_string
@@ -868,9 +877,15 @@ def why_missed(target: Target, phases: dict[str, Phase]) -> str:
     if target.phase == "aio_concurrent_complete":
         rounds = max(p.extra["rounds"], 1)
         round_ms = p.messages / p.extra["receive_and_complete_rate"] / rounds * 1000
+        acquire_ms = p.extra.get("acquire_in_engine_ms")
+        in_engine = ("" if acquire_ms is None else
+                     f"; a receive's acquire spent {acquire_ms:.1f} ms in the engine, from its "
+                     "append to its answer (the rest of the receive: the round trip, reading "
+                     "and building the messages)")
         return (f"a round is a receive, then its completes: {round_ms:.1f} ms a round, of "
                 f"which the completes take {p.seconds / rounds * 1000:.1f} ms "
-                f"({p.extra['settles_per_command']} settles per engine command); {load}")
+                f"({p.extra['settles_per_command']} settles per engine command){in_engine}; "
+                f"{load}")
     rounds = max(p.extra["receive_rounds"], 1)
     return (f"a round of {p.extra['mean_batch']:,.0f} messages takes "
             f"{p.seconds * 1000 / rounds:.1f} ms and {p.extra['engine_commands'] / rounds:.1f} "
@@ -934,7 +949,10 @@ def main(argv: list[str] | None = None) -> int:
     worker = None
     try:
         conn = broker.connection_string(NAMESPACE)
-        worker = EngineProcess(conn, work / "engine", timer_interval=0.5).start()
+        metrics_port = free_port("127.0.0.1")
+        worker = EngineProcess(conn, work / "engine", timer_interval=0.5,
+                               env={"SETTLEMENT_METRICS_PORT": str(metrics_port)}).start()
+        durations = EngineDurations(metrics_port)
         pids = {"client": os.getpid(), "engine": worker.pid, "broker": broker_pid(broker)}
         meter = CpuMeter(pids)
 
@@ -1019,8 +1037,11 @@ def main(argv: list[str] | None = None) -> int:
             step(f"asyncio: receive({args.each_batch}) + gather(complete_message each)")
             msgs = make_messages("a", n, size)
             send(client, "aio", msgs, args.send_chunk)
+            before = durations.totals()
             phases["aio_concurrent_complete"] = asyncio.run(concurrent_completes(
                 conn, "aio", [m.message_id for m in msgs], args.each_batch, meter))
+            phases["aio_concurrent_complete"].extra["acquire_in_engine_ms"] = \
+                durations.mean_ms_since(before, "acquire")
 
             step(f"the SDK loop, {args.loop_messages:,} messages")
             msgs = make_messages("o", args.loop_messages, size)
