@@ -61,28 +61,25 @@ def decode(value: bytes | None, headers: Headers, timestamp_ms: int | None,
     """The received message a record carries; raise MalformedRecord for a
     record that breaks the format, unless ``lenient`` (then the body is kept
     and the unreadable headers are left out, for the dead-letter sub-queue)."""
-    record, malformed = message_record.decode(value, headers, lenient=lenient)
-    # Only what the record holds: the message's class gives the rest.
-    given: dict[str, Any] = {name: found for name in _TEXT_FIELDS
-                             if (found := getattr(record, name)) is not None}
-    if record.time_to_live_ms is not None:
-        given["time_to_live"] = dt.timedelta(milliseconds=record.time_to_live_ms)
-    if record.scheduled_enqueue_time_ms is not None:
-        given["scheduled_enqueue_time_utc"] = utc_from_ms(record.scheduled_enqueue_time_ms)
-    if record.application_properties:
-        given["application_properties"] = record.application_properties
-    if record.body_type is not None:
-        given["body_type"] = AmqpMessageBodyType(record.body_type)
+    body, given, malformed = message_record.decode(value, headers, lenient=lenient)
+    # Only what the record holds: the message's class gives the rest. The
+    # text fields have the message's names already.
+    ttl = given.pop("time_to_live_ms", None)
+    if ttl is not None:
+        given["time_to_live"] = dt.timedelta(milliseconds=ttl)
+    due = given.pop("scheduled_enqueue_time_ms", None)
+    if due is not None:
+        given["scheduled_enqueue_time_utc"] = utc_from_ms(due)
+    if not given.get("application_properties", True):
+        del given["application_properties"]
+    body_type = given.pop("body_type", None)
+    if body_type is not None:
+        given["body_type"] = AmqpMessageBodyType(body_type)
     if malformed is not None:
         given["malformed_reason"] = malformed
     return ServiceBusReceivedMessage(
-        record.body, sequence_number=sequence_number(partition, offset),
+        body, sequence_number=sequence_number(partition, offset),
         enqueued_time_utc=utc_from_ms(timestamp_ms), **given, **delivery)
-
-
-#: the record's fields a received message takes as they are
-_TEXT_FIELDS = ("message_id", "correlation_id", "content_type", "subject", "reply_to",
-                "reply_to_session_id", "to", "session_id", "partition_key")
 
 
 STATES = {"active": ServiceBusMessageState.ACTIVE, "deadletter": ServiceBusMessageState.ACTIVE,

@@ -316,18 +316,23 @@ class ServiceBusReceiver:
         out: list[ServiceBusReceivedMessage] = []
         withheld: list[SettleItem] = []
         now = dt.datetime.now(dt.UTC)
+        # an acquire's locks end together: one datetime for all of them
+        lock_ends: dict[int, dt.datetime] = {}
         for grant in grants:
             offset, token, count = grant.offset, grant.lock_token, grant.deliveries
             record = records[offset]
             if record is None:
                 withheld.append(SettleItem(offset, token, Action.COMPLETE))
                 continue
+            until = grant.locked_until_ms
+            if token and until not in lock_ends:
+                lock_ends[until] = utc_from_ms(until)
             delivery = {
                 # The engine counts deliveries, this one included; the SDK
                 # reports the AMQP header's count of earlier attempts (0 on the
                 # first delivery), and a peek the deliveries so far.
                 "lock_token": token, "delivery_count": count if peeked else max(0, count - 1),
-                "locked_until_utc": utc_from_ms(grant.locked_until_ms) if token else None,
+                "locked_until_utc": lock_ends[until] if token else None,
                 "dead_letter_reason": grant.reason,
                 "dead_letter_error_description": grant.description,
                 "dead_letter_source": grant.source, "state": message_records.STATES[grant.state],
@@ -346,7 +351,7 @@ class ServiceBusReceiver:
             if self._rules is not None:
                 self._rules.apply_actions(message, record)
             if not peeked and self._sub == "active":
-                held = _withhold(message, token, now)
+                held = _withhold(message, offset, token, now)
                 if held is not None:
                     withheld.append(held)
                     continue
@@ -686,10 +691,9 @@ def _left(deadline: float | None, default: float) -> float:
     return default if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-def _withhold(message: ServiceBusReceivedMessage, token: str | None, now: dt.datetime
-              ) -> SettleItem | None:
+def _withhold(message: ServiceBusReceivedMessage, offset: int, token: str | None,
+              now: dt.datetime) -> SettleItem | None:
     """The settlement for a message the application must not get yet (or ever)."""
-    offset = message.offset
     expires = message.expires_at_utc
     if expires is not None and expires <= now:
         return SettleItem(offset, token, Action.EXPIRE)
