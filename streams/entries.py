@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from streams.states import (
     AVAILABLE,
@@ -38,6 +38,7 @@ from streams.states import (
     TRANSFER_DEAD_LOCKED,
 )
 from streams.store import Txn
+from topics.immutable import immutable
 from topics.runs import as_runs, run_offsets
 
 CHUNK = 128
@@ -52,7 +53,7 @@ FAMILIES = {"available": "a", "deadletter": "d", "transferdeadletter": "t",
             "deferred": "f", "scheduled": "s"}
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Entry:
     """What the window knows of one offset. Replace, never mutate: the
     per-state counts are kept by :meth:`Entries.put`."""

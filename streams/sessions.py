@@ -110,7 +110,7 @@ def _holder(args: Args) -> tuple[str, str] | None:
 
 
 def token(window: WindowView, batch: int) -> str:
-    return lock_token(bytes.fromhex(window.secret), batch, _SESSION_SLOT)
+    return lock_token(window.secret, batch, _SESSION_SLOT)
 
 
 def held(window: WindowView, session_id: str, given: str, now: int) -> Session | None:

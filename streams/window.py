@@ -101,6 +101,8 @@ MAX_LEFT_OUT_RANGES = 64
 _IN_PLAY = (LOCKED, AVAILABLE, QUEUED)
 _GRANT_STATE = {DEAD_LOCKED: "deadletter", TRANSFER_DEAD_LOCKED: "transferdeadletter",
                 DEFERRED_LOCKED: "deferred"}
+#: what the window knows of an offset it has no entry for, about to be locked
+_NEVER_LOCKED = Entry(AVAILABLE)
 
 
 class InflightWindow:
@@ -525,7 +527,7 @@ class InflightWindow:
         self.hw = max(self.hw, hw)
 
     def _token(self, entry: Entry, offset: int) -> str:
-        return lock_token(bytes.fromhex(self.secret), entry.batch, offset)
+        return lock_token(self.secret, entry.batch, offset)
 
     def grant(self, offset: int, entry: Entry) -> Grant:
         return Grant(offset, self._token(entry, offset), entry.until, entry.deliveries,
@@ -536,7 +538,7 @@ class InflightWindow:
         """Lock offsets for one acquire; their lock ends share one timer."""
         grants = []
         for offset in offsets:
-            entry = self.entries.get(offset) or Entry(AVAILABLE)
+            entry = self.entries.get(offset) or _NEVER_LOCKED
             locked = Entry(state, entry.deliveries + 1, batch, until, reason=entry.reason,
                            description=entry.description, source=entry.source)
             self.put(offset, locked)

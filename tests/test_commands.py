@@ -266,7 +266,7 @@ def test_rejection_keeps_the_reply_address_when_readable() -> None:
 
 
 def test_lock_tokens_are_keyed_uuid4s() -> None:
-    secret, other = b"k" * 16, b"o" * 16
+    secret, other = "6b" * 16, "6f" * 16
     token = lock_token(secret, 12345, 678)
     assert uuid.UUID(token).version == 4 and lock_token(secret, 12345, 678) == token
     assert len({token, lock_token(other, 12345, 678), lock_token(secret, 12346, 678),
