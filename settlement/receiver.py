@@ -587,7 +587,7 @@ class ServiceBusReceiver:
         ends = [m.locked_until_utc for m in messages]
         if any(end is None for end in ends):
             return None
-        return min(epoch_ms(end) for end in ends if end is not None)
+        return epoch_ms(min(end for end in ends if end is not None))
 
     def _check_settleable(self, message: ServiceBusReceivedMessage, action: str) -> None:
         if not isinstance(message, ServiceBusReceivedMessage):
