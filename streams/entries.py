@@ -302,8 +302,10 @@ class _Chunk:
 
     #: stored chunk -> its parsed fields, the JSON of those entries whose JSON
     #: is known, whether it was dumped whole, its queued offsets per session
-    #: with the JSON of each, and the entries decoded, for the chunks read or
-    #: written last:
+    #: with the JSON of each, the entries decoded, and each queued offset's
+    #: session where it was looked up (made again by every command that set
+    #: an entry of the chunk, that took a session's lock 5 % of the engine's
+    #: time, make bench-sessions), for the chunks read or written last:
     #: the next command on a window reads back what the one before wrote
     _parsed: dict[bytes, _Parsed] = {}
     _PARSED_MAX = 512
@@ -311,7 +313,8 @@ class _Chunk:
     def __init__(self, fields: dict[str, list[object]], pieces: dict[str, str],
                  dumped_whole: bool = False, queued: dict[str, tuple[int, ...]] | None = None,
                  queued_pieces: dict[str, str] | None = None,
-                 entries: dict[int, Entry] | None = None) -> None:
+                 entries: dict[int, Entry] | None = None,
+                 queued_at: dict[int, str] | None = None) -> None:
         self._fields = fields
         #: offset -> the JSON of its fields, where known
         self._pieces = pieces
@@ -322,7 +325,8 @@ class _Chunk:
         self._queued = queued if queued is not None else {}
         #: session -> the JSON of its runs, where known
         self._queued_pieces = queued_pieces if queued_pieces is not None else {}
-        self._queued_at: dict[int, str] | None = None
+        #: queued offset -> its session, made when first asked (:meth:`_sessions`)
+        self._queued_at = queued_at
         #: offset -> its entry, decoded (entries are immutable: shared with
         #: the parsed copy, so the next command does not decode them again)
         self._entries = entries if entries is not None else {}
@@ -338,11 +342,12 @@ class _Chunk:
             runs = fields.pop(_QUEUED, {})
             queued = {session: tuple(run_offsets(r))
                       for session, r in runs.items()}
-            cached = (fields, {}, False, queued, {}, {})
+            cached = (fields, {}, False, queued, {}, {}, None)
         cls._remember(raw, cached)
         # copies: this one changes, the cached ones must not
         return cls(dict(cached[0]), dict(cached[1]), cached[2], dict(cached[3]),
-                   dict(cached[4]), dict(cached[5]))
+                   dict(cached[4]), dict(cached[5]),
+                   None if cached[6] is None else dict(cached[6]))
 
     @classmethod
     def _remember(cls, raw: bytes, parsed: _Parsed) -> None:
@@ -445,13 +450,14 @@ class _Chunk:
                 [runs[session] for session in self._queued]) + "}"
         raw = ("{" + body + "}").encode()
         self._remember(raw, (dict(self._fields), dict(pieces), whole, dict(self._queued),
-                             dict(self._queued_pieces), dict(self._entries)))
+                             dict(self._queued_pieces), dict(self._entries),
+                             None if self._queued_at is None else dict(self._queued_at)))
         return raw
 
 
 #: a parsed chunk as :attr:`_Chunk._parsed` keeps it
 _Parsed = tuple[dict[str, list[object]], dict[str, str], bool, dict[str, tuple[int, ...]],
-                dict[str, str], dict[int, Entry]]
+                dict[str, str], dict[int, Entry], dict[int, str] | None]
 
 
 _JSON = json.JSONEncoder(separators=(",", ":"))
