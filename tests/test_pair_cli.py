@@ -26,7 +26,12 @@ from settlement.cli import main
 from settlement.management import ServiceBusAdministrationClient
 from tests.pairing_helpers import Primary, running_primary
 
-FAILOVER = dt.timedelta(seconds=1)
+#: how long sends fail before the queue fails over. The first send, before the
+#: pause, must stay within it: a new producer's first delivery (metadata, its
+#: idempotence id) took over a second on the two busy test workers of a CI
+#: run (2026-11-29), failed those 10 messages over too, and the test saw
+#: two failovers and 40 messages in the backlog instead of one and 30.
+FAILOVER = dt.timedelta(seconds=4)
 BACKLOG_QUEUES = 2
 BATCH = 10
 #: batches sent while the primary is paused (the first fails over)
