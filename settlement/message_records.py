@@ -70,7 +70,7 @@ def decode(value: bytes | None, headers: Headers, timestamp_ms: int | None,
     due = given.pop("scheduled_enqueue_time_ms", None)
     if due is not None:
         given["scheduled_enqueue_time_utc"] = utc_from_ms(due)
-    if not given.get("application_properties", True):
+    if given.get("application_properties") == {}:  # none: the class's default
         del given["application_properties"]
     body_type = given.pop("body_type", None)
     if body_type is not None:

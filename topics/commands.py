@@ -280,11 +280,10 @@ class SettleItem:
         known = _ACTIONS.get(action) if isinstance(action, str) else None
         if known is None:
             raise CommandError(f"settlement action {action!r} is not one of {sorted(_ACTIONS)}")
-        if reason is not None or description is not None:
-            for text in (reason, description):
-                if text is not None and (not isinstance(text, str) or len(text) > MAX_TEXT):
-                    raise CommandError("dead-letter reason and description must be text of "
-                                       f"at most {MAX_TEXT} characters")
+        for text in (reason, description):
+            if text is not None and (not isinstance(text, str) or len(text) > MAX_TEXT):
+                raise CommandError("dead-letter reason and description must be text of "
+                                   f"at most {MAX_TEXT} characters")
         return cls(offset, token, known, reason, description, at, enqueued)
 
 

@@ -192,9 +192,7 @@ def decode(value: bytes | None, headers: Headers, *, lenient: bool = False) -> D
     fields: dict[str, Any] = {}
     error: MalformedRecord | None = None
     size = 0
-    for name, raw in _listed(headers):
-        if isinstance(raw, str):
-            raw = raw.encode()
+    for name, raw in _pairs(headers):
         size += len(name.encode()) + len(raw or b"")
         if name not in _KNOWN:
             continue  # other producers' headers are theirs; ignore them
