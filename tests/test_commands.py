@@ -271,6 +271,11 @@ def test_lock_tokens_are_keyed_uuid4s() -> None:
     assert uuid.UUID(token).version == 4 and lock_token(secret, 12345, 678) == token
     assert len({token, lock_token(other, 12345, 678), lock_token(secret, 12346, 678),
                 lock_token(secret, 12345, 679)}) == 4
+    # the largest offsets (a session's lock takes the slot 2**63 - 1) keep
+    # the UUID's version and variant
+    for offset in (0, (1 << 62) - 1, (1 << 63) - 1):
+        parsed = uuid.UUID(lock_token(secret, 12345, offset))
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
 
 
 def test_events_of_one_kind_merge_into_one_record_and_leave_their_sources_alone() -> None:

@@ -841,32 +841,42 @@ def decode_reply(raw: bytes | None) -> Reply | None:
 
 
 def lock_token(secret: str, batch: int, offset: int) -> str:
-    """A lock token: a UUID (version 4, so 122 bits) keyed by the window's
-    secret (hex, as its header keeps it) over the acquire (batch) and the
-    offset it locks.
+    """A lock token: a UUID (version 4) keyed by the window's secret (hex, as
+    its header keeps it) over the acquire (batch) and the offset it locks.
 
     Tokens are derived, not stored: the engine keeps one batch id per locked
     offset and recomputes the token to check a settlement. Without the
     secret, which only the engine reads, a token cannot be forged, and the
     token of an earlier lock on the same offset no longer matches.
+
+    The tokens of one batch share one keyed hash (:func:`_batch_key`), the
+    offset mixed into its last 62 bits: hashing once per acquire rather than
+    once per message made a token 2.9 -> 0.6 us (the engine derives one per
+    message it locks and per one it settles). Whoever holds one token of an
+    acquire can so work out the tokens of its other offsets, which that
+    acquire locked for them anyway; a token of any other batch (another
+    receiver's, an earlier lock of the same offset) stays 122 bits away.
     """
-    hasher = _keyed(secret).copy()
-    hasher.update(batch.to_bytes(8, "big") + offset.to_bytes(8, "big"))
+    head, tail = _batch_key(secret, batch)
+    low = "%016x" % (tail ^ (offset & _LOW_62))
+    return head + low[:4] + "-" + low[4:]
+
+
+_LOW_62 = (1 << 62) - 1
+
+
+@functools.lru_cache(maxsize=4096)
+def _batch_key(secret: str, batch: int) -> tuple[str, int]:
+    """The keyed hash of one batch, as a UUID's first three groups (version
+    4) and its last 8 bytes (RFC 4122 variant) as a number. One per acquire
+    in flight: the settlements of a batch find it here."""
+    hasher = hashlib.blake2b(batch.to_bytes(8, "big"), key=bytes.fromhex(secret),
+                             digest_size=16)
     digest = bytearray(hasher.digest())
-    # What uuid.UUID(bytes=digest, version=4) prints, at a third of the cost
-    # (the engine derives one per message it locks and per one it settles).
     digest[6] = (digest[6] & 0x0F) | 0x40
     digest[8] = (digest[8] & 0x3F) | 0x80
     h = digest.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-@functools.lru_cache(maxsize=1024)
-def _keyed(secret: str) -> hashlib.blake2b:
-    """BLAKE2b keyed with ``secret``, to be copied for each token: keying
-    hashes a block of its own, and the secret's hex was parsed each time
-    (lock tokens: 3.1 -> 1.7 us). One per window the engine works on."""
-    return hashlib.blake2b(key=bytes.fromhex(secret), digest_size=16)
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-", int.from_bytes(digest[8:], "big")
 
 
 def batch_id(command_id: str) -> int:
