@@ -21,10 +21,10 @@ alone.
 from __future__ import annotations
 
 import itertools
-import json
 from typing import Any
 
 from streams.store import Txn
+from topics import jsonbytes
 
 KEEP_MS = 300_000
 #: the answers a purge forgets, at least (unless fewer are old enough) and
@@ -45,11 +45,11 @@ class Answers:
 
     def get(self, command_id: str) -> Any | None:
         raw = self._txn.get(self._answers + command_id.encode())
-        return None if raw is None else json.loads(raw)["answer"]
+        return None if raw is None else jsonbytes.loads(raw)["answer"]
 
     def put(self, command_id: str, now: int, answer: Any) -> None:
         self._txn.put(self._answers + command_id.encode(),
-                      json.dumps({"at": now, "answer": answer}, separators=(",", ":")).encode())
+                      jsonbytes.dumps({"at": now, "answer": answer}))
         self._given.append(command_id)
         self._given_at = max(self._given_at, now)
 
@@ -59,7 +59,7 @@ class Answers:
             return
         first, *others = self._given
         self._txn.put(self._by_time + f"{self._given_at:013x}".encode() + first.encode(),
-                      json.dumps(others).encode() if others else b"")
+                      jsonbytes.dumps(others) if others else b"")
         self._given = []
 
     def purge(self, now: int, oldest: int) -> int | None:
@@ -79,7 +79,7 @@ class Answers:
             if key >= stop or forgotten >= _PURGE_PER_COMMAND:
                 return int(key[len(self._by_time):len(self._by_time) + 13], 16) + KEEP_MS
             ids = [key[len(self._by_time) + 13:]]
-            ids += [command_id.encode() for command_id in json.loads(others)] if others else []
+            ids += [command_id.encode() for command_id in jsonbytes.loads(others)] if others else []
             self._txn.delete(key)
             for command_id in ids:
                 self._txn.delete(self._answers + command_id)

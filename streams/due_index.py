@@ -13,11 +13,11 @@ time gives the timer nothing to do.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 from streams.store import Txn
+from topics import jsonbytes
 
 LOCK, SCHEDULE, EXPIRY, SESSION = "L", "S", "E", "N"
 _DUE_WIDTH = 13  # hex digits of a millisecond timestamp, good past the year 10000
@@ -61,14 +61,14 @@ class DueIndex:
             raw = self._txn.get(key)
             if raw is None:
                 return None
-            self._items[key] = json.loads(raw)
+            self._items[key] = jsonbytes.loads(raw)
         return self._items[key]
 
     def flush(self) -> None:
         """Write the changed keys to the transaction (a key left empty is deleted)."""
         for key in self._changed:
             if items := self._items[key]:
-                self._txn.put(key, json.dumps(items, separators=(",", ":")).encode())
+                self._txn.put(key, jsonbytes.dumps(items))
             else:
                 self._txn.delete(key)
         self._changed.clear()
@@ -78,7 +78,7 @@ class DueIndex:
         self.flush()
         stop = self._prefix + f"{now + 1:0{_DUE_WIDTH}x}".encode()
         for key, raw in list(self._txn.range(self._prefix, stop)):
-            yield key, chr(key[len(self._prefix) + _DUE_WIDTH]), json.loads(raw)
+            yield key, chr(key[len(self._prefix) + _DUE_WIDTH]), jsonbytes.loads(raw)
 
     def _key(self, due: int, kind: str, ident: str) -> bytes:
         return self._prefix + f"{due:0{_DUE_WIDTH}x}{kind}{ident}".encode()

@@ -66,6 +66,7 @@ from streams.states import (
     Settlements,
 )
 from streams.store import MemoryStore, Store, Txn
+from topics import jsonbytes
 from topics.commands import (
     OP_INFO,
     AcquireArgs,
@@ -188,8 +189,7 @@ class InflightWindow:
         first line. ``extra`` rides along (the engine's redo log and outbox)."""
         head = ("-" if self.wake is None else str(self.wake)) + (
             "" if self.scanned is None else " scan")
-        body = json.dumps({**self.header(), **extra}, separators=(",", ":"))
-        return head.encode() + b"\n" + body.encode()
+        return head.encode() + b"\n" + jsonbytes.dumps({**self.header(), **extra})
 
     def commit_record(self, writes: dict[bytes, bytes | None],
                       outbox: list[dict[str, Any]] | None = None) -> bytes:
@@ -228,7 +228,7 @@ class InflightWindow:
 
     @staticmethod
     def body_of(raw: bytes) -> dict[str, Any]:
-        body: dict[str, Any] = json.loads(raw.partition(b"\n")[2])
+        body: dict[str, Any] = jsonbytes.loads(raw.partition(b"\n")[2])
         return body
 
     @staticmethod

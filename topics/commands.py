@@ -78,12 +78,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any, ClassVar, Generic, Self, TypeGuard, TypeVar
 
+from topics import jsonbytes
 from topics.errors import ErrorCode
 from topics.immutable import immutable
 from topics.rule_set import RuleSpec, selects_everything
@@ -688,7 +688,7 @@ def encode_command(cmd: Command[ClientArgs]) -> bytes:
                                                   "client": cmd.reply.client},
     }
     body.update(cmd.args.to_wire())
-    return json.dumps(body, separators=(",", ":")).encode()
+    return jsonbytes.dumps(body)
 
 
 #: how :func:`encode_command` ends a quiet settlement (``SettleArgs.to_wire``
@@ -745,7 +745,7 @@ def decode_command(raw: bytes | None) -> Command[ClientArgs]:
     engine can still answer the sender of a malformed command.
     """
     try:
-        obj = json.loads(raw or b"")
+        obj = jsonbytes.loads(raw or b"")
     except (ValueError, UnicodeDecodeError) as exc:
         raise CommandError(f"command is not JSON: {exc}") from None
     if not isinstance(obj, dict):
@@ -822,13 +822,13 @@ def encode_reply(reply: Reply) -> bytes:
         body["result"] = reply.result
     else:
         body["error"] = {"code": reply.error_code, "message": reply.error_message}
-    return json.dumps(body, separators=(",", ":")).encode()
+    return jsonbytes.dumps(body)
 
 
 def decode_reply(raw: bytes | None) -> Reply | None:
     """Parse a reply; None for a record that is not one (it is then ignored)."""
     try:
-        obj = json.loads(raw or b"")
+        obj = jsonbytes.loads(raw or b"")
         if not isinstance(obj, dict) or obj.get("v") != VERSION:
             return None
         if obj.get("ok"):

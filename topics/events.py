@@ -22,10 +22,11 @@ window summary's ``totals`` and ``scanned``, for example).
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from topics import jsonbytes
 
 
 class FieldType(enum.Enum):
@@ -130,4 +131,4 @@ def record_key(record: Mapping[str, Any]) -> bytes:
 
 
 def encode_record(record: Mapping[str, Any]) -> bytes:
-    return json.dumps(record).encode()
+    return jsonbytes.dumps(record)
