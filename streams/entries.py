@@ -38,6 +38,7 @@ from streams.states import (
     TRANSFER_DEAD_LOCKED,
 )
 from streams.store import Txn
+from topics import jsonbytes
 from topics.immutable import immutable
 from topics.runs import as_runs, run_offsets
 
@@ -302,52 +303,53 @@ class _Chunk:
 
     #: stored chunk -> its parsed fields, the JSON of those entries whose JSON
     #: is known, whether it was dumped whole, its queued offsets per session
-    #: with the JSON of each, the entries decoded, and each queued offset's
-    #: session where it was looked up (made again by every command that set
-    #: an entry of the chunk, that took a session's lock 5 % of the engine's
-    #: time, make bench-sessions), for the chunks read or written last:
-    #: the next command on a window reads back what the one before wrote
+    #: with the JSON of each and of them all, the entries decoded, and each
+    #: queued offset's session where it was looked up (made again by every
+    #: command that set an entry of the chunk, that took a session's lock 5 %
+    #: of the engine's time, make bench-sessions), for the chunks read or
+    #: written last: the next command on a window reads back what the one
+    #: before wrote. A chunk read from here shares these dicts until it first
+    #: changes (:meth:`_own`); what a reader adds to them (an entry decoded,
+    #: a piece of JSON) holds for the stored chunk as much as for it.
     _parsed: dict[bytes, _Parsed] = {}
     _PARSED_MAX = 512
 
-    def __init__(self, fields: dict[str, list[object]], pieces: dict[str, str],
-                 dumped_whole: bool = False, queued: dict[str, tuple[int, ...]] | None = None,
-                 queued_pieces: dict[str, str] | None = None,
-                 entries: dict[int, Entry] | None = None,
-                 queued_at: dict[int, str] | None = None) -> None:
+    def __init__(self, parsed: _Parsed, *, shared: bool) -> None:
+        fields, pieces, dumped_whole, queued, queued_pieces, queued_body, entries, queued_at = \
+            parsed
         self._fields = fields
-        #: offset -> the JSON of its fields, where known
+        #: offset -> ``"offset":`` and the JSON of its fields, where known
         self._pieces = pieces
         #: it was last written whole: written again, it is worth its pieces
         self._dumped_whole = dumped_whole
-        #: session -> its queued offsets here, sorted (tuples: shared with
-        #: the parsed copy, replaced rather than changed)
-        self._queued = queued if queued is not None else {}
+        #: session -> its queued offsets here, sorted (tuples: replaced
+        #: rather than changed)
+        self._queued = queued
         #: session -> the JSON of its runs, where known
-        self._queued_pieces = queued_pieces if queued_pieces is not None else {}
+        self._queued_pieces = queued_pieces
+        #: the JSON of every session's runs, while none changed
+        self._queued_body = queued_body
         #: queued offset -> its session, made when first asked (:meth:`_sessions`)
         self._queued_at = queued_at
-        #: offset -> its entry, decoded (entries are immutable: shared with
-        #: the parsed copy, so the next command does not decode them again)
-        self._entries = entries if entries is not None else {}
+        #: offset -> its entry, decoded (entries are immutable)
+        self._entries = entries
         self._sorted: list[int] | None = None
+        #: the dicts are the parsed cache's: copied before the first change
+        self._shared = shared
 
     @classmethod
     def read(cls, raw: bytes | None) -> _Chunk:
         if not raw:
-            return cls({}, {})
+            return cls(({}, {}, False, {}, {}, None, {}, None), shared=False)
         cached = cls._parsed.pop(raw, None)  # and back, as the newest
         if cached is None:
-            fields = json.loads(raw)
+            fields = jsonbytes.loads(raw)
             runs = fields.pop(_QUEUED, {})
             queued = {session: tuple(run_offsets(r))
                       for session, r in runs.items()}
-            cached = (fields, {}, False, queued, {}, {}, None)
+            cached = (fields, {}, False, queued, {}, None, {}, None)
         cls._remember(raw, cached)
-        # copies: this one changes, the cached ones must not
-        return cls(dict(cached[0]), dict(cached[1]), cached[2], dict(cached[3]),
-                   dict(cached[4]), dict(cached[5]),
-                   None if cached[6] is None else dict(cached[6]))
+        return cls(cached, shared=True)
 
     @classmethod
     def _remember(cls, raw: bytes, parsed: _Parsed) -> None:
@@ -355,6 +357,20 @@ class _Chunk:
         cls._parsed[raw] = parsed
         if len(cls._parsed) > cls._PARSED_MAX:
             del cls._parsed[next(iter(cls._parsed))]
+
+    def _own(self) -> None:
+        """Copy the dicts shared with the parsed cache, before changing them
+        (copying every chunk as it was read and again as it was written
+        was a third of writing one)."""
+        if self._shared:
+            self._fields = dict(self._fields)
+            self._pieces = dict(self._pieces)
+            self._queued = dict(self._queued)
+            self._queued_pieces = dict(self._queued_pieces)
+            self._entries = dict(self._entries)
+            if self._queued_at is not None:
+                self._queued_at = dict(self._queued_at)
+            self._shared = False
 
     def get(self, offset: int) -> Entry | None:
         """The entry of ``offset``; without its texts if they are apart."""
@@ -373,6 +389,7 @@ class _Chunk:
     def _sessions(self) -> dict[int, str]:
         """Queued offset -> its session (made when first asked)."""
         if self._queued_at is None:
+            # the chunk's own even when shared: made from the same queued offsets
             self._queued_at = {o: session for session, offsets in self._queued.items()
                                for o in offsets}
         return self._queued_at
@@ -390,6 +407,7 @@ class _Chunk:
     def set(self, offset: int, entry: Entry | None, *, apart: bool = False) -> None:
         """Set the entry of ``offset``; ``apart``: its texts are stored
         elsewhere, the chunk marks their place."""
+        self._own()
         key = str(offset)
         self._fields.pop(key, None)
         self._pieces.pop(key, None)
@@ -417,6 +435,7 @@ class _Chunk:
     def _queue(self, session: str, offsets: tuple[int, ...]) -> None:
         """Set the session's queued offsets here."""
         self._queued_pieces.pop(session, None)
+        self._queued_body = None
         if offsets:
             self._queued[session] = offsets
         else:
@@ -430,34 +449,42 @@ class _Chunk:
 
     def encode(self) -> bytes | None:
         """The stored form; None when no entry is left (the key is deleted)."""
-        if not self._fields and not self._queued:
+        fields, queued = self._fields, self._queued
+        if not fields and not queued:
             return None
         pieces = self._pieces
-        missing = self._fields.keys() - pieces.keys()
-        whole = 3 * len(missing) > len(self._fields) and not self._dumped_whole
+        # every piece belongs to a field (set drops both): equal sizes, none missing
+        missing = [key for key in fields if key not in pieces] \
+            if len(pieces) != len(fields) else []
+        whole = 3 * len(missing) > len(fields) and not self._dumped_whole
         if whole:
-            body = _JSON.encode(self._fields)[1:-1]
+            body = _JSON.encode(fields)[1:-1]
         else:
             for key in missing:
-                pieces[key] = _JSON.encode(self._fields[key])
-            body = ",".join([f'"{key}":{pieces[key]}' for key in self._fields])
-        if self._queued:
-            runs = self._queued_pieces
-            for session in self._queued.keys() - runs.keys():
-                runs[session] = (_JSON.encode(session) + ":"
-                                 + _JSON.encode(as_runs(self._queued[session])))
-            body += ("," if body else "") + f'"{_QUEUED}":{{' + ",".join(
-                [runs[session] for session in self._queued]) + "}"
+                pieces[key] = f'"{key}":' + _JSON.encode(fields[key])
+            body = ",".join([pieces[key] for key in fields])
+        if queued:
+            if self._queued_body is None:
+                runs = self._queued_pieces
+                for session, offsets in queued.items():
+                    if session not in runs:
+                        runs[session] = _JSON.encode(session) + ":" + _JSON.encode(
+                            as_runs(offsets))
+                self._queued_body = f'"{_QUEUED}":{{' + ",".join(
+                    [runs[session] for session in queued]) + "}"
+            body += ("," if body else "") + self._queued_body
         raw = ("{" + body + "}").encode()
-        self._remember(raw, (dict(self._fields), dict(pieces), whole, dict(self._queued),
-                             dict(self._queued_pieces), dict(self._entries),
-                             None if self._queued_at is None else dict(self._queued_at)))
+        # handed to the cache as they are: this chunk copies them if it changes again
+        self._remember(raw, (fields, pieces, whole, queued, self._queued_pieces,
+                             self._queued_body, self._entries, self._queued_at))
+        self._shared = True
+        self._dumped_whole = whole
         return raw
 
 
 #: a parsed chunk as :attr:`_Chunk._parsed` keeps it
 _Parsed = tuple[dict[str, list[object]], dict[str, str], bool, dict[str, tuple[int, ...]],
-                dict[str, str], dict[int, Entry], dict[int, str] | None]
+                dict[str, str], str | None, dict[int, Entry], dict[int, str] | None]
 
 
 _JSON = json.JSONEncoder(separators=(",", ":"))
