@@ -52,8 +52,13 @@ class DueIndex:
         stored = self._read(key)
         if not stored:
             return
-        gone = set(items)
-        self._items[key] = [item for item in stored if item not in gone]
+        if len(items) == 1 and stored.count(items[0]) == 1:
+            # one settled of a batch's lock (a thread settling one by one), in
+            # place: the list is this transaction's own, parsed for it
+            stored.remove(items[0])
+        else:
+            gone = set(items)
+            self._items[key] = [item for item in stored if item not in gone]
         self._changed.add(key)
 
     def _read(self, key: bytes) -> list[Any] | None:
