@@ -13,6 +13,7 @@ once appended (``final_before_ms``; docs/settlement-by-log.md).
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -122,6 +123,8 @@ class EngineLink:
         #: (:meth:`_wait_appended`); the others wait on ``_delivery``
         self._polling = threading.Lock()
         self._delivery = threading.Condition()
+        #: callers waiting on ``_delivery`` (nobody to tell: no lock taken)
+        self._delivery_waiters = 0
         self._closed = threading.Event()
         self._threads = [
             threading.Thread(target=self._read_replies, name="engine-replies", daemon=True),
@@ -144,7 +147,7 @@ class EngineLink:
 
     def command(self, entity: str, partition: int, args: ClientArgs) -> Command[ClientArgs]:
         """A command for the window ``entity#partition``."""
-        return Command(uuid.uuid4().hex, entity, partition, args,
+        return Command(_command_id(), entity, partition, args,
                        ReplyAddress(self.reply_partition, self.client_id))
 
     def call(self, cmd: Command[ClientArgs], *, final_before_ms: int | None = None,
@@ -289,6 +292,8 @@ class EngineLink:
 
     def _wait_while_busy(self, entities: set[str]) -> None:
         """Sleep until none of ``entities`` is within its busy wait."""
+        if not self._busy_until:  # no entity ever answered busy
+            return
         with self._lock:
             until = max((self._busy_until.get(e, 0.0) for e in entities), default=0.0)
         pause = until - time.monotonic()
@@ -352,8 +357,12 @@ class EngineLink:
             fut.set_exception(failed)
 
     def _tell_waiters(self) -> None:
-        with self._delivery:
-            self._delivery.notify_all()
+        # Read without the lock: a caller counts itself in before it looks
+        # whether its append is in, so it either sees the append or is told.
+        # (Twice a complete_message, with nobody waiting in one thread.)
+        if self._delivery_waiters:
+            with self._delivery:
+                self._delivery.notify_all()
 
     def _wait_appended(self, appended: Future[Any], deadline: float) -> None:
         """Wait until ``appended`` is resolved or ``deadline`` passed
@@ -379,8 +388,12 @@ class EngineLink:
                     self._tell_waiters()  # one of them polls next
                 return
             with self._delivery:
-                if not appended.done():
-                    self._delivery.wait(min(left, _POLL_S))
+                self._delivery_waiters += 1
+                try:
+                    if not appended.done():
+                        self._delivery.wait(min(left, _POLL_S))
+                finally:
+                    self._delivery_waiters -= 1
 
     def _all_appended(self, appends: list[Future[int | None]], deadline: float
                       ) -> float | None:
@@ -432,6 +445,15 @@ class EngineLink:
         # alive long after its client closed, and the producer's threads with
         # it (a closed sender drops its producer too). Nothing sends after close.
         del self._producer
+
+
+def _command_id() -> str:
+    """A random UUID4 as 32 hex digits, as ``uuid.uuid4().hex`` but without
+    building a ``UUID`` (2.7 -> 0.8 us, once a call)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40  # version 4
+    raw[8] = raw[8] & 0x3F | 0x80  # the RFC 4122 variant
+    return raw.hex()
 
 
 def _quiet(cmd: Command[ClientArgs], until: int) -> Command[ClientArgs]:
