@@ -59,6 +59,15 @@ class SettleBatcher:
         ``final_before_ms``: when the earliest of their locks ends, if they
         may be final once appended."""
         window = (entity, partition)
+        with self._lock:
+            lone = window not in self._busy
+            if lone:
+                self._busy.add(window)
+        if lone:  # nobody to share a command with: sent as it is
+            try:
+                return self._send(window, items, final_before_ms)
+            finally:
+                self._hand_on(window)
         request = _Request(items, final_before_ms)
         with self._lock:
             self._queued.setdefault(window, []).append(request)
@@ -93,12 +102,8 @@ class SettleBatcher:
             if queued:
                 self._queued[window] = queued
         try:
-            args = SettleArgs(tuple(item for r in batch for item in r.items))
-            cmd = self._link.command(window[0], window[1], args)
-            self.commands_sent += 1
-            self.items_sent += len(args.items)
-            reply = self._link.call(cmd, final_before_ms=earliest(
-                [r.final_before_ms for r in batch]))
+            reply = self._send(window, [item for r in batch for item in r.items],
+                               earliest([r.final_before_ms for r in batch]))
             answers = reply.result.get("results", [])
             start = 0
             for request in batch:
@@ -110,15 +115,29 @@ class SettleBatcher:
         except BaseException as exc:  # every waiter must be woken, whatever happened
             for request in batch:
                 request.error = exc
+        for request in batch:
+            if request.wake is not None:
+                request.wake.set()
+        self._hand_on(window)
+
+    def _send(self, window: tuple[str, int], items: list[SettleItem],
+              final_before_ms: int | None) -> Reply:
+        """One command settling ``items``: the engine's answer."""
+        args = SettleArgs(tuple(items))
+        self.commands_sent += 1
+        self.items_sent += len(items)
+        return self._link.call(self._link.command(window[0], window[1], args),
+                               final_before_ms=final_before_ms)
+
+    def _hand_on(self, window: tuple[str, int]) -> None:
+        """The window's command is done: the first caller queued meanwhile
+        leads the next one, or the window is free."""
         with self._lock:
             waiting = self._queued.get(window)
             if waiting:
                 waiting[0].lead = True
             else:
                 self._busy.discard(window)
-        for request in batch:
-            if request.wake is not None:
-                request.wake.set()
         if waiting:
             assert waiting[0].wake is not None
             waiting[0].wake.set()
