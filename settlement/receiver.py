@@ -81,6 +81,9 @@ _TEXT_PER_COMMAND = 250_000
 #: (docs/settlement-by-log.md). Not dead-lettering: the reason and description
 #: it stores may make what it writes too large, which only the engine knows.
 _FINAL_ONCE_APPENDED = frozenset({"complete", "abandon", "defer"})
+#: each action by its name: calling the Enum class to look one up took 2 us,
+#: 7 % of the client's time completing lists of 1,000 (py-spy)
+_ACTIONS = {action.value: action for action in Action}
 
 
 class LockRenewer(Protocol):
@@ -724,6 +727,7 @@ def _settle_item(message: ServiceBusReceivedMessage, action: str, reason: str | 
     """The settlement of a received message, with the log timestamp the engine
     reports with it (end-to-end latency)."""
     stamp = message.enqueued_time_utc
-    return SettleItem(message.offset, message.lock_token, Action(action), reason, description,
+    return SettleItem(message.offset, message.lock_token, _ACTIONS.get(action) or Action(action),
+                      reason, description,
                       enqueued_ms=max(0, epoch_ms(stamp)) if stamp is not None else None)
 
