@@ -513,10 +513,7 @@ class ServiceBusReceiver:
         """:meth:`settle_messages` of one message, raising its error: the
         checks, then its command (one message has one partition and one
         group: the list's sorting and grouping cost a lone call 5-8 us)."""
-        self._check_open()
-        self._check_settleable(message, action)
-        if action in ("abandon", "release"):
-            self._return_unseen()
+        self._before_settling([message], action)
         with self._settlement() as session_end:
             error = self._settle_group(message.partition, [message], action, reason,
                                        description, None, session_end)[0].error
@@ -541,11 +538,7 @@ class ServiceBusReceiver:
         ``settlement._settle_batcher``); with one, each command is sent alone
         and the call takes at most ``timeout`` seconds, retries included."""
         deadline = _deadline(timeout)
-        self._check_open()
-        for message in messages:
-            self._check_settleable(message, action)
-        if action in ("abandon", "release"):
-            self._return_unseen()  # what goes back now comes before them again
+        self._before_settling(messages, action)
         by_partition: dict[int, list[ServiceBusReceivedMessage]] = {}
         for message in messages:
             by_partition.setdefault(message.partition, []).append(message)
@@ -562,6 +555,15 @@ class ServiceBusReceiver:
                                                      description, deadline, session_end):
                         results[id(result.message)] = result
         return [results[id(m)] for m in messages]
+
+    def _before_settling(self, messages: list[ServiceBusReceivedMessage], action: str) -> None:
+        """Refuse what may not be settled so; before giving messages back,
+        give back the session's unseen ones (they come before them again)."""
+        self._check_open()
+        for message in messages:
+            self._check_settleable(message, action)
+        if action in ("abandon", "release"):
+            self._return_unseen()
 
     def _settle_group(self, partition: int, group: list[ServiceBusReceivedMessage],
                       action: str, reason: str | None, description: str | None,

@@ -81,6 +81,7 @@ from topics.commands import (
     decode_command,
     encode_reply,
     final_at_append,
+    sent_quiet,
 )
 from topics.entities import NAMESPACE_KEY
 from topics.errors import ErrorCode
@@ -1011,15 +1012,10 @@ async def _drop(key: bytes, raw: bytes, store: TableStore, header_store: TableSt
         await asyncio.to_thread(hook, key.decode())
 
 
-def _quiet(cmd: Command) -> bool:
-    """Whether nobody waits for ``cmd``'s answer (see SettleArgs.quiet)."""
-    return isinstance(cmd.args, SettleArgs) and cmd.args.quiet
-
-
 def _reply_ok(cmd: Command, result: dict[str, Any]) -> None:
     for hook in on_answered:
         hook(cmd, result, None)
-    if cmd.reply is not None and not _quiet(cmd):
+    if cmd.reply is not None and not sent_quiet(cmd):
         _answer(cmd.reply, Reply(cmd.id, cmd.reply.client, True, result))
 
 
@@ -1031,7 +1027,7 @@ def _reject(cmd: Command, code: ErrorCode, message: str) -> None:
 def _answer_refusal(cmd: Command, code: ErrorCode, message: str) -> None:
     for hook in on_answered:
         hook(cmd, {}, code)
-    if cmd.reply is not None and not _quiet(cmd):
+    if cmd.reply is not None and not sent_quiet(cmd):
         _answer(cmd.reply, Reply(cmd.id, cmd.reply.client, False,
                                  error_code=code, error_message=message))
 

@@ -301,8 +301,8 @@ class _Chunk:
     ``"q"``, each session's queued offsets as runs, so a session of 100,000
     waiting messages costs its chunks a few bytes each, not 47 a message."""
 
-    #: chunk key -> the stored chunk and its parsed fields, the JSON of those entries whose JSON
-    #: is known, whether it was dumped whole, its queued offsets per session
+    #: chunk key -> the stored chunk and its parsed fields, the JSON of those
+    #: entries whose JSON is known, whether it was dumped whole, its queued offsets per session
     #: with the JSON of each and of them all, the entries decoded, and each
     #: queued offset's session where it was looked up (made again by every
     #: command that set an entry of the chunk, that took a session's lock 5 %
@@ -484,7 +484,7 @@ class _Chunk:
         raw = ("{" + body + "}").encode()
         # handed to the cache as they are: this chunk copies them if it changes again
         self._remember(self._key, raw, (fields, pieces, whole, queued, self._queued_pieces,
-                             self._queued_body, self._entries, self._queued_at))
+                                        self._queued_body, self._entries, self._queued_at))
         self._shared = True
         self._dumped_whole = whole
         return raw

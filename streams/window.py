@@ -85,6 +85,7 @@ from topics.commands import (
     acquire_result,
     batch_id,
     lock_token,
+    sent_quiet,
 )
 from topics.runs import run_pairs, run_total
 
@@ -296,7 +297,13 @@ class InflightWindow:
         ``(replayed, result, events)``; a command id seen before is not run
         again (replayed), its first answer is."""
         remembered = OP_INFO[cmd.op].remembered
-        if remembered and not _final_at_append(cmd):
+        # A settlement final at its append looks up no answer: its client
+        # took it as applied then and never asks, and a copy of it run again
+        # (its append reported failed and sent again, or read again after a
+        # restart) finds its locks spent and changes nothing. The lookup was
+        # a RocksDB miss for almost every settlement of a thread settling one
+        # by one (4-5 % of the engine's time, py-spy).
+        if remembered and not sent_quiet(cmd):
             stored = self.answers.get(cmd.id)
             if stored is not None:
                 return True, self._replay(cmd, stored), []
@@ -876,17 +883,6 @@ class InflightWindow:
                 "totals": dict(self.totals)}
 
 
-def _final_at_append(cmd: Command[Args]) -> bool:
-    """A settlement final once appended (the intake keeps ``quiet`` only
-    then): no answer is looked up for its id. Its client took it as applied
-    at the append and never asks for the answer, and a copy of it run again
-    (one whose append was reported failed and was sent again, or a restart
-    before the offsets were committed) finds its locks spent and changes
-    nothing. The lookup was a RocksDB miss for almost every settlement of a
-    thread settling one by one (4-5 % of the engine's time, py-spy)."""
-    return isinstance(cmd.args, SettleArgs) and cmd.args.quiet
-
-
 def _final_and_ok(cmd: Command[Args], result: dict[str, Any]) -> bool:
     """A settlement final once appended (the intake keeps ``quiet`` only
     then) whose every item applied: its client took it as ok at the append
@@ -895,7 +891,7 @@ def _final_and_ok(cmd: Command[Args], result: dict[str, Any]) -> bool:
     answer is a key: a RocksDB write and a changelog record. Were it read
     again (the engine restarted before committing its offset), its locks
     are gone and it changes nothing (``lock_lost``)."""
-    return _final_at_append(cmd) and all(status == "ok" for status, _ in result["results"])
+    return sent_quiet(cmd) and all(status == "ok" for status, _ in result["results"])
 
 
 def _coalesced(events: list[Event]) -> list[Event]:

@@ -696,6 +696,13 @@ def encode_command(cmd: Command[ClientArgs]) -> bytes:
 _QUIET_END = b',"quiet":true}'
 
 
+def sent_quiet(cmd: Command[Any]) -> bool:
+    """Whether ``cmd`` is a settlement sent quiet (:attr:`SettleArgs.quiet`):
+    nobody waits for its answer. The engine's intake keeps the flag only on
+    one final at its append (:func:`final_at_append`)."""
+    return isinstance(cmd.args, SettleArgs) and cmd.args.quiet
+
+
 def answered_by_no_one(key: bytes | None, raw: bytes | None) -> bool:
     """Whether a commands record, read raw, is one no client waits for the
     engine to answer: a tick, or a settlement sent quiet. Read from the bytes
