@@ -21,7 +21,6 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
 
 from confluent_kafka import (
     TIMESTAMP_LOG_APPEND_TIME,
@@ -169,8 +168,8 @@ class EngineLink:
         # retry loop, a lone settlement cost its caller 20-25 us more.)
         _, appended = self._send(cmd, quiet_until=final_before_ms)
         self._wait_appended(appended, time.monotonic() + self.attempt_timeout)
-        if appended.done() and appended.exception() is None \
-                and final_at_append(appended.result(), final_before_ms):
+        if appended.done and appended.error is None \
+                and final_at_append(appended.stamp, final_before_ms):
             return _all_ok(cmd)
         return self._call_many([cmd], None, final_before_ms, {cmd.id: appended})[0]
 
@@ -186,7 +185,7 @@ class EngineLink:
         return self._call_many(cmds, timeout, final_before_ms, {})
 
     def _call_many(self, cmds: list[Command[ClientArgs]], timeout: float | None,
-                   final_before_ms: int | None, quiet_copies: dict[str, Future[int | None]]
+                   final_before_ms: int | None, quiet_copies: dict[str, _Append]
                    ) -> list[Reply]:
         """:meth:`call_many`, after the quiet copies ``quiet_copies`` were sent."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -209,7 +208,7 @@ class EngineLink:
 
     def _attempt(self, cmds: list[Command[ClientArgs]], replies: dict[str, Reply],
                  call_deadline: float | None, final_before_ms: int | None,
-                 quiet_copies: dict[str, Future[int | None]]) -> ServiceBusError | None:
+                 quiet_copies: dict[str, _Append]) -> ServiceBusError | None:
         """Send ``cmds`` once; put their answers in ``replies``, waiting
         ``attempt_timeout`` at most (or until ``call_deadline``). Returns the
         error that stands for those left without one (busy, timed out or
@@ -226,11 +225,10 @@ class EngineLink:
         deadline = started + self.attempt_timeout
         if call_deadline is not None:
             deadline = min(deadline, call_deadline)
-        sent: list[tuple[Command[ClientArgs], tuple[Future[Reply] | None,
-                                                   Future[int | None]]]] = []
+        sent: list[tuple[Command[ClientArgs], tuple[Future[Reply] | None, _Append]]] = []
         for cmd in cmds:
             earlier = quiet_copies.get(cmd.id)
-            if earlier is not None and not (earlier.done() and earlier.exception()):
+            if earlier is not None and not (earlier.done and earlier.error):
                 sent.append((cmd, (None, earlier)))
             elif final_before_ms is None or not self._stamps_appends:
                 sent.append((cmd, self._send(cmd)))
@@ -252,8 +250,8 @@ class EngineLink:
             try:
                 if fut is None:  # sent quiet: final if appended early enough
                     assert final_before_ms is not None  # what sending it quiet took
-                    if final_at_append(appended.result(max(0.0, deadline - time.monotonic())),
-                                       final_before_ms):
+                    # (appended, or this attempt's time is up: _all_appended waited)
+                    if final_at_append(appended.result(), final_before_ms):
                         replies[cmd.id] = _all_ok(cmd)
                         continue
                     # Appended too late to be final by itself: the same id again,
@@ -290,21 +288,12 @@ class EngineLink:
         the engine's answer: for a command whose answer changes nothing for
         its caller (a session's release). The engine applies it in its turn,
         after every command appended to the partition before it."""
-        appended: Future[None] = Future()
-
-        def delivered(err: KafkaError | None, _msg: Message) -> None:
-            if err is None:
-                appended.set_result(None)
-            else:
-                appended.set_exception(ServiceBusCommunicationError(
-                    f"could not send a command to the engine: {err.str()}"))
-            self._tell_waiters()
-
+        appended = _Append(self, cmd.id)
         wait = self.attempt_timeout if timeout is None else timeout
-        self._produce(cmd, delivered)
+        self._produce(cmd, appended)
         self._wait_appended(appended, time.monotonic() + wait)
         try:
-            appended.result(0)
+            appended.result()
         except FutureTimeout:
             raise OperationTimeoutError(
                 f"Kafka did not take {cmd.op} on {cmd.window_key} within {wait:.3g} s: "
@@ -323,20 +312,19 @@ class EngineLink:
             time.sleep(pause)
 
     def _send(self, cmd: Command[ClientArgs], *, quiet_until: int | None = None
-              ) -> tuple[Future[Reply] | None, Future[int | None]]:
+              ) -> tuple[Future[Reply] | None, _Append]:
         """Produce ``cmd``: the futures of its answer and of its append (when
         Kafka stamped it, ms; None if the broker keeps the producer's time).
         With ``quiet_until``: a settlement sent quiet, of locks ending then,
         which the engine does not answer if it is final at its append, so no
         answer is waited for (None)."""
         fut: Future[Reply] | None = None
-        appended: Future[int | None] = Future()
+        appended = _Append(self, cmd.id)
         if quiet_until is None:
             fut = Future()
             with self._lock:
                 self._waiting[cmd.id] = fut
-        self._produce(cmd if quiet_until is None else _quiet(cmd, quiet_until),
-                      lambda err, msg: self._delivered(cmd.id, err, msg, appended))
+        self._produce(cmd if quiet_until is None else _quiet(cmd, quiet_until), appended)
         return fut, appended
 
     def _produce(self, cmd: Command[ClientArgs],
@@ -356,21 +344,8 @@ class EngineLink:
             except BufferError:  # the delivery thread makes room
                 time.sleep(0.01)
 
-    def _delivered(self, cmd_id: str, err: KafkaError | None, msg: Message,
-                   appended: Future[int | None]) -> None:
-        """Note when Kafka appended the command, or fail the command's call
-        if it could not be sent."""
-        if err is None:
-            kind, stamp = msg.timestamp()
-            if kind != TIMESTAMP_LOG_APPEND_TIME:
-                self._stamps_appends = False
-            appended.set_result(stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None)
-            self._tell_waiters()
-            return
-        failed = ServiceBusCommunicationError(
-            f"could not send a command to the engine: {err.str()}")
-        appended.set_exception(failed)
-        self._tell_waiters()
+    def _failed(self, cmd_id: str, failed: ServiceBusCommunicationError) -> None:
+        """Fail the call waiting for the answer to ``cmd_id``: Kafka refused it."""
         with self._lock:
             fut = self._waiting.pop(cmd_id, None)
         if fut is not None and not fut.done():
@@ -384,7 +359,7 @@ class EngineLink:
             with self._delivery:
                 self._delivery.notify_all()
 
-    def _wait_appended(self, appended: Future[Any], deadline: float) -> None:
+    def _wait_appended(self, appended: _Append, deadline: float) -> None:
         """Wait until ``appended`` is resolved or ``deadline`` passed
         (``time.monotonic()``). One waiting caller at a time runs the
         producer's delivery callbacks itself, for everyone's commands, and
@@ -394,13 +369,13 @@ class EngineLink:
         ``complete_message``. ``flush()`` from several threads would make
         each wait for every other's commands, and each of its polls may
         sleep 10 ms on an event another thread took.)"""
-        while not appended.done() and not self._closed.is_set():
+        while not appended.done and not self._closed.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
             if self._polling.acquire(blocking=False):
                 try:
-                    while (not appended.done() and not self._closed.is_set()
+                    while (not appended.done and not self._closed.is_set()
                            and (left := deadline - time.monotonic()) > 0):
                         self._producer.poll(min(left, _POLL_S))
                 finally:
@@ -410,19 +385,19 @@ class EngineLink:
             with self._delivery:
                 self._delivery_waiters += 1
                 try:
-                    if not appended.done():
+                    if not appended.done:
                         self._delivery.wait(min(left, _POLL_S))
                 finally:
                     self._delivery_waiters -= 1
 
-    def _all_appended(self, appends: list[Future[int | None]], deadline: float
+    def _all_appended(self, appends: list[_Append], deadline: float
                       ) -> float | None:
         """When (``time.monotonic()``) every one of ``appends`` was resolved,
         if they all were by ``deadline``; None otherwise (a failed append is
         raised where its command's answer is waited for)."""
         for appended in appends:
             self._wait_appended(appended, deadline)
-            if not appended.done():
+            if not appended.done:
                 return None
         return time.monotonic()
 
@@ -465,6 +440,50 @@ class EngineLink:
         # alive long after its client closed, and the producer's threads with
         # it (a closed sender drops its producer too). Nothing sends after close.
         del self._producer
+
+
+class _Append:
+    """When Kafka appended one command, filled in by its delivery report
+    (this object is the producer's callback for it): ``stamp`` is Kafka's
+    time (ms) if it stamped the append, None if the broker keeps the
+    producer's; ``error`` if it could not be sent. (A concurrent Future,
+    with its condition and lock, cost a one-by-one settlement 8-10 us.)"""
+
+    __slots__ = ("_link", "_cmd_id", "done", "stamp", "error")
+
+    def __init__(self, link: EngineLink, cmd_id: str) -> None:
+        self._link = link
+        self._cmd_id = cmd_id
+        #: set last, once ``stamp`` or ``error`` is: what waiters poll
+        self.done = False
+        self.stamp: int | None = None
+        self.error: ServiceBusCommunicationError | None = None
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        link = self._link
+        if err is None:
+            kind, stamp = msg.timestamp()
+            if kind == TIMESTAMP_LOG_APPEND_TIME:
+                self.stamp = stamp
+            else:
+                link._stamps_appends = False
+            self.done = True
+            link._tell_waiters()
+            return
+        self.error = ServiceBusCommunicationError(
+            f"could not send a command to the engine: {err.str()}")
+        self.done = True
+        link._tell_waiters()
+        link._failed(self._cmd_id, self.error)
+
+    def result(self) -> int | None:
+        """``stamp``; raises ``error`` if sending failed, FutureTimeout if
+        no report came yet."""
+        if not self.done:
+            raise FutureTimeout()
+        if self.error is not None:
+            raise self.error
+        return self.stamp
 
 
 def _command_id() -> str:
