@@ -40,10 +40,6 @@ class _Request:
     reply: Reply | None = None
     error: BaseException | None = None
 
-    @property
-    def answered(self) -> bool:
-        return self.reply is not None or self.error is not None
-
 
 class SettleBatcher:
     """Sends the settlements of one client, coalescing concurrent ones."""
