@@ -13,7 +13,7 @@ every request in it may.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from settlement._engine_link import EngineLink
 from topics.commands import MAX_ACQUIRE, Reply, SettleArgs, SettleItem
@@ -28,14 +28,15 @@ def earliest(ends: list[int | None]) -> int | None:
 
 @dataclass
 class _Request:
+    """A caller's items waiting for another caller's command to be done."""
+
     items: list[SettleItem]
     final_before_ms: int | None
-    #: made only for a request that waits for another caller's command (a
-    #: lone caller leads at once): a lock taken at once, released by whoever
-    #: wakes it. A waiting request is woken once, to lead or when answered.
-    #: (An Event, a condition over a lock, cost each queued settlement
-    #: 10-15 us of the interpreter in waits and wakes, py-spy --gil.)
-    wake: threading.Lock | None = None
+    #: taken at once, released by whoever wakes the caller: once, to lead
+    #: (send the next command) or when answered. (An Event, a condition over
+    #: a lock, cost each queued settlement 10-15 us of the interpreter in
+    #: waits and wakes, py-spy --gil.)
+    wake: threading.Lock = field(default_factory=threading.Lock)
     lead: bool = False
     reply: Reply | None = None
     error: BaseException | None = None
@@ -58,26 +59,20 @@ class SettleBatcher:
         ``final_before_ms``: when the earliest of their locks ends, if they
         may be final once appended."""
         window = (entity, partition)
+        request = None
         with self._lock:
-            lone = window not in self._busy
-            if lone:
+            if window not in self._busy:  # nothing queued then either
                 self._busy.add(window)
-        if lone:  # nobody to share a command with: sent as it is
+            else:
+                request = _Request(items, final_before_ms)
+                request.wake.acquire()
+                self._queued.setdefault(window, []).append(request)
+        if request is None:  # nobody to share a command with: sent as it is
             try:
                 return self._send(window, items, final_before_ms)
             finally:
                 self._hand_on(window)
-        request = _Request(items, final_before_ms)
-        with self._lock:
-            self._queued.setdefault(window, []).append(request)
-            if window not in self._busy:
-                self._busy.add(window)
-                request.lead = True
-            else:
-                request.wake = threading.Lock()
-                request.wake.acquire()
-        if request.wake is not None:
-            request.wake.acquire()  # until woken: to lead, or answered
+        request.wake.acquire()  # until woken: to lead, or answered
         if request.lead:  # the leader's own request is first in the batch it sends
             request.lead = False
             self._send_next(window)
@@ -112,8 +107,7 @@ class SettleBatcher:
             for request in batch:
                 request.error = exc
         for request in batch[1:]:  # the first is this leader's own: it is not waiting
-            if request.wake is not None:
-                request.wake.release()
+            request.wake.release()
         self._hand_on(window)
 
     def _send(self, window: tuple[str, int], items: list[SettleItem],
@@ -135,5 +129,4 @@ class SettleBatcher:
             else:
                 self._busy.discard(window)
         if waiting:
-            assert waiting[0].wake is not None
             waiting[0].wake.release()
