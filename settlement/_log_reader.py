@@ -39,6 +39,9 @@ _READ_THROUGH_BYTES = 4 << 20
 #: brings up to 1 MB of a partition): past a seek, the neighbours of the
 #: record sought are other sessions' messages, wanted soon
 _TAKE_AT_ONCE = 1000
+#: most records read before the first one wanted when seeking for scattered
+#: offsets (see PartitionReader._read)
+_BACK_AT_MOST = 64
 #: what a record is taken to weigh until the reader has seen some
 _FIRST_RECORD_BYTES = 1024
 #: what a reader's consumer fetches ahead of what was taken from it
@@ -160,13 +163,25 @@ class PartitionReader:
                 f"{timeout}s: another reader of it did not finish")
         try:
             found.update(self._kept.take(wanted))  # what the reader before read past
-            return self._read_through([o for o in wanted if o not in found], found, deadline,
-                                      timeout)
+            rest = [o for o in wanted if o not in found]
+            # The records just before the first one wanted are, most likely,
+            # those its neighbours want (the other subscriptions of a topic,
+            # the other sessions of a queue): a seek starts a stride early, so
+            # that their readers find them kept. Ten subscriptions of a
+            # topic, each selecting every tenth record: the first reader
+            # sought to its own first record, and each of the nine after it
+            # then sought back to theirs in turn (a new consumer each, 10-220
+            # ms; 0.5 s of a 1.5 s drain).
+            back = min(rest[1] - rest[0] - 1, _BACK_AT_MOST) if len(rest) > 1 else 0
+            return self._read_through(rest, found, deadline, timeout, back)
         finally:
             self._kept.reading.release()
 
     def _read_through(self, wanted: list[int], found: dict[int, Message | None],
-                      deadline: float, timeout: float) -> dict[int, Message | None]:
+                      deadline: float, timeout: float, back: int = 0
+                      ) -> dict[int, Message | None]:
+        """Read up to the last of ``wanted``, seeking where the reader is past
+        the next one or far before it (``back`` records before it)."""
         while wanted:
             if time.monotonic() > deadline:
                 raise ServiceBusCommunicationError(
@@ -175,7 +190,7 @@ class PartitionReader:
                 )
             gap = wanted[0] - self._position
             if gap < 0 or gap * self._kept.record_bytes > _READ_THROUGH_BYTES:
-                self._seek(wanted[0])
+                self._seek(max(0, wanted[0] - back))
             want = set(wanted)
             passed = []
             at_once = min(max(len(wanted) + 50, _TAKE_AT_ONCE), 5000)

@@ -48,3 +48,26 @@ def test_readers_of_one_partition_reading_scattered_offsets_side_by_side_each_ge
             assert values == {o: f"record {o}".encode() for o in range(k, records, readers)}
     finally:
         pool.close()
+
+
+def test_a_reader_seeking_to_scattered_offsets_reads_the_stride_before_them_for_its_neighbours(
+        broker: Broker) -> None:
+    """A reader that seeks to every tenth record from the fourth on starts a
+    stride early and keeps what it reads past: the reader of every tenth from
+    the first finds all of its records kept, and its consumer never moves."""
+    settings, topic, append = one_partition_log(broker)
+    records = 1_000
+    append(records)
+    pool = ReaderPool(settings)
+    first, second = pool.take(topic, 0), pool.take(topic, 0)
+    try:
+        at_end = second._position
+        for reader, start in ((first, 3), (second, 0)):
+            got = reader.read(list(range(start, records, 10)))
+            assert {o: r.value() if r is not None else None for o, r in got.items()} == {
+                o: f"record {o}".encode() for o in range(start, records, 10)}
+        assert second._position == at_end
+    finally:
+        pool.give_back(first)
+        pool.give_back(second)
+        pool.close()
