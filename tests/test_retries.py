@@ -117,7 +117,10 @@ def test_a_quiet_settlement_still_on_its_way_is_waited_for_not_sent_again(
     settings = parse_connection_string(broker.connection_string(namespace))
     specs.provision_namespace(AdminClient(settings.kafka_config()), namespace,
                               settings.profile.replication_factor)
-    policy = RetryPolicy.from_options(retry_total=3, retry_backoff_factor=0.2,
+    # Retries enough for the copy to get in: a new idempotent producer's
+    # first append to topics just made took over the 0.6 s of three retries
+    # on a loaded machine (CI, 2026-11-29); each retry waits, none sends again.
+    policy = RetryPolicy.from_options(retry_total=20, retry_backoff_factor=0.2,
                                       retry_mode="fixed")
     link = EngineLink(settings, attempt_timeout=0.0, retry=policy)
     command = link.command("nowhere", 0, SettleArgs((SettleItem(0, "t", Action.COMPLETE),)))
