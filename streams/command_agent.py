@@ -606,10 +606,12 @@ async def _apply_group(key: bytes, group: list[_Run]) -> _Chunk | None:
                     f"subscription {cmd.entity!r} does not exist: create it with "
                     "ServiceBusAdministrationClient.create_subscription")
             continue
-        if together.cmds and not together.takes(chunk.window, cmd, policy):
+        joins = together.takes(chunk.window, cmd, policy)
+        if together.cmds and not joins:
             chunk = await _apply_together(chunk, together)
             together = _Together()
-        if together.takes(chunk.window, cmd, policy):
+            joins = together.takes(chunk.window, cmd, policy)
+        if joins:
             together.add(cmd, now, policy)
         else:
             chunk = await _apply_one(chunk, cmd, now, policy)

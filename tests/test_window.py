@@ -384,15 +384,21 @@ def test_the_log_is_retained_from_the_oldest_message_still_held() -> None:
     assert win.retained == win.start == 300
 
 
+def _twins() -> tuple[InflightWindow, InflightWindow, list[list], list]:
+    """Two windows alike, with the same 8 offsets locked in each (the same
+    lock tokens), the grants, and the 4th grant with a wrong token."""
+    alone, together = new_window(), new_window()
+    together.secret = alone.secret
+    grants = acquire(alone, 0, n=8, hw=8, cmd_id="a1")
+    assert acquire(together, 0, n=8, hw=8, cmd_id="a1") == grants
+    return alone, together, grants, [grants[3][0], "not-the-token", *grants[3][2:]]
+
+
 def test_settlements_applied_together_answer_and_store_as_one_by_one() -> None:
     """The engine applies consecutive settle commands of a window in one
     transaction: each is judged at its own time, a repeated id gets its first
     answer, and what is stored is what applying them one by one stores."""
-    alone, together = new_window(), new_window()
-    together.secret = alone.secret  # the same lock tokens
-    grants = acquire(alone, 0, n=8, hw=8, cmd_id="a1")
-    assert acquire(together, 0, n=8, hw=8, cmd_id="a1") == grants
-    bad = [grants[3][0], "not-the-token", *grants[3][2:]]
+    alone, together, grants, bad = _twins()
 
     def item(grant: list, action: str) -> list:
         return [grant[0], grant[1], action, None, None, None, None]
@@ -427,6 +433,60 @@ def test_settlements_applied_together_answer_and_store_as_one_by_one() -> None:
     ids = ("a1", "s1", "s2", "s3", "s4", "s5", "a2")
     assert [together.answers.get(i) for i in ids] == [None] * len(ids)
     assert _keys(together, index, index + b"~") == []
+
+
+def test_quiet_settlements_in_one_pass_answer_store_and_announce_as_one_by_one() -> None:
+    """Settlements final at their append that meet no timer are settled in
+    one pass over their items (the one-message-at-a-time path): each is
+    answered, stored and announced as when applied one by one, each item at
+    its own command's time; one waited for, or one whose lock lapsed by its
+    time, ends the pass and runs alone."""
+    alone, together, grants, bad = _twins()
+
+    def item(grant: list, action: str) -> list:
+        return [grant[0], grant[1], action, None, None, None, 5]
+
+    def quiet(cmd_id: str, *items: list) -> Command[ClientArgs]:
+        return cmd("settle", cmd_id, items=list(items), quiet=True, until=1000)
+
+    batch = [(quiet("q1", item(grants[0], "complete")), 10),
+             (quiet("q2", item(grants[1], "complete"), item(bad, "complete")), 20),
+             (quiet("q3", item(grants[2], "abandon")), 30),
+             (cmd("settle", "s1", items=[item(grants[4], "complete")]), 40),  # waited for
+             (quiet("q4", item(grants[5], "defer")), 50),
+             (quiet("q5", item(grants[0], "complete")), 60),  # settled before: lost
+             (quiet("q6", item(grants[6], "complete")), 1500)]  # the lock lapsed at 1000
+    one_by_one = [alone.apply(c, now) for c, now in batch]
+    done = together.apply_settlements(batch)
+    assert [each[0] for each in done.each] == [o.result for o in one_by_one]  # type: ignore[index]
+    assert [[r[0] for r in o.result["results"]] for o in one_by_one] == [
+        ["ok"], ["ok", "lock_lost"], ["ok"], ["ok"], ["ok"], ["lock_lost"], ["lock_lost"]]
+    # one pass for q1-q3 and one for q4-q5: their events ride on the first of each
+    assert [bool(each[1]) for each in done.each] == [  # type: ignore[index]
+        True, False, False, True, True, False, True]
+
+    def announced(events: list) -> dict[str, list]:
+        """Each kind's offsets with their details, in order: what the
+        engine's merged event records carry."""
+        out: dict[str, list] = {}
+        for ev in events:
+            details = zip(*(ev.extra.get(k, [None] * len(ev.offsets))
+                            for k in ("held", "deliveries", "enqueued")), strict=True)
+            out.setdefault(ev.type, []).extend(zip(ev.offsets, details, strict=True))
+        return out
+
+    assert announced([ev for each in done.each for ev in each[1]]) == announced(  # type: ignore[index]
+        [ev for o in one_by_one for ev in o.events])
+    assert announced([ev for o in one_by_one for ev in o.events])["completed"] == [
+        (grants[0][0], (10, 1, 5)), (grants[1][0], (20, 1, 5)), (grants[4][0], (40, 1, 5))]
+    assert together.header() == alone.header()
+    assert together.stats() == alone.stats()
+    index = together.prefix + b"e"  # the answers by time: one key per transaction
+    assert _keys(together, b"", index) == _keys(alone, b"", index)
+    assert _keys(together, index + b"~", b"\xff") == _keys(alone, index + b"~", b"\xff")
+    # kept: the answers of the one waited for and of those with an item refused
+    assert [i for i in ("q1", "q2", "q3", "s1", "q4", "q5", "q6")
+            if together.answers.get(i) is not None] == ["q2", "s1", "q5", "q6"]
 
 
 def _keys(win: InflightWindow, start: bytes, stop: bytes) -> list[tuple[bytes, bytes]]:
