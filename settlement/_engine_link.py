@@ -150,15 +150,18 @@ class EngineLink:
                        ReplyAddress(self.reply_partition, self.client_id))
 
     def call(self, cmd: Command[ClientArgs], *, final_before_ms: int | None = None,
-             timeout: float | None = None) -> Reply:
+             timeout: float | None = None, meanwhile: Callable[[], None] | None = None
+             ) -> Reply:
         """Send ``cmd`` and return its answer, retrying under the same id.
 
         ``final_before_ms``: ``cmd`` settles locks that end then (ms since
         the epoch); if Kafka appends it early enough, it is final and
-        answered ok for every item without waiting for the engine."""
+        answered ok for every item without waiting for the engine.
+        ``meanwhile``: run once Kafka has the command, while the engine
+        works on it (not again for a retry)."""
         if final_before_ms is None or timeout is not None or not self._stamps_appends \
-                or self._busy_until:
-            return self.call_many([cmd], timeout=timeout, final_before_ms=final_before_ms)[0]
+                or self._busy_until or meanwhile is not None:
+            return self._call_many([cmd], timeout, final_before_ms, {}, meanwhile)[0]
         # A settlement that may be final at its append (most of those of a
         # thread settling one by one): sent quiet at once, and done when
         # Kafka appended it early enough. Anything else (a late or failed
@@ -185,16 +188,19 @@ class EngineLink:
         return self._call_many(cmds, timeout, final_before_ms, {})
 
     def _call_many(self, cmds: list[Command[ClientArgs]], timeout: float | None,
-                   final_before_ms: int | None, quiet_copies: dict[str, _Append]
-                   ) -> list[Reply]:
-        """:meth:`call_many`, after the quiet copies ``quiet_copies`` were sent."""
+                   final_before_ms: int | None, quiet_copies: dict[str, _Append],
+                   meanwhile: Callable[[], None] | None = None) -> list[Reply]:
+        """:meth:`call_many`, after the quiet copies ``quiet_copies`` were
+        sent; ``meanwhile`` as :meth:`call` says."""
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: dict[str, Reply] = {}
         pending = list(cmds)
         retried = 0
         while True:
             self._wait_while_busy({c.entity for c in pending})
-            error = self._attempt(pending, replies, deadline, final_before_ms, quiet_copies)
+            error = self._attempt(pending, replies, deadline, final_before_ms, quiet_copies,
+                                  meanwhile)
+            meanwhile = None
             if error is None:
                 return [replies[c.id] for c in cmds]
             pending = [c for c in pending if c.id not in replies]
@@ -208,7 +214,8 @@ class EngineLink:
 
     def _attempt(self, cmds: list[Command[ClientArgs]], replies: dict[str, Reply],
                  call_deadline: float | None, final_before_ms: int | None,
-                 quiet_copies: dict[str, _Append]) -> ServiceBusError | None:
+                 quiet_copies: dict[str, _Append],
+                 meanwhile: Callable[[], None] | None = None) -> ServiceBusError | None:
         """Send ``cmds`` once; put their answers in ``replies``, waiting
         ``attempt_timeout`` at most (or until ``call_deadline``). Returns the
         error that stands for those left without one (busy, timed out or
@@ -245,6 +252,8 @@ class EngineLink:
             deadline = appended_at + self.attempt_timeout
             if call_deadline is not None:
                 deadline = min(deadline, call_deadline)
+            if meanwhile is not None:
+                meanwhile()
         error: ServiceBusError | None = None
         for cmd, (fut, appended) in sent:
             try:

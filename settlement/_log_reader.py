@@ -86,6 +86,11 @@ class Kept:
                     self._bytes -= _size(record)
         return found
 
+    def peek(self, offsets: range) -> dict[int, Message]:
+        """The kept records at ``offsets``, still kept."""
+        with self._lock:
+            return {o: r for o in offsets if (r := self._records.get(o)) is not None}
+
     def keep(self, records: list[tuple[int, Message]]) -> None:
         """Keep records read past; the oldest kept go first when over the bound."""
         with self._lock:
@@ -143,6 +148,18 @@ class PartitionReader:
         high = self._consumer.get_watermark_offsets(self._tp, cached=True)[1]
         if high != OFFSET_UNKNOWN:
             self._hw = max(self._hw, high)
+
+    def at_hand(self, offsets: range) -> dict[int, Message]:
+        """The records at ``offsets`` this reader holds already: kept, or
+        fetched by its consumer (never waited for). They stay kept for the
+        read that wants them."""
+        with self._lock:
+            found = self._kept.peek(offsets)
+            if len(found) < len(offsets) and offsets.start <= self._position < offsets.stop:
+                fetched = self._take(take(self._consumer, offsets.stop - self._position, 0))
+                self._kept.keep([(offset_of(record), record) for record in fetched])
+                found.update((o, r) for r in fetched if (o := offset_of(r)) in offsets)
+            return found
 
     def read(self, offsets: list[int], timeout: float = 10.0) -> dict[int, Message | None]:
         """Records at ``offsets``; an offset that holds no record (a gap left by

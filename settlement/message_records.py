@@ -61,6 +61,25 @@ def decode(value: bytes | None, headers: Headers, timestamp_ms: int | None,
     """The received message a record carries; raise MalformedRecord for a
     record that breaks the format, unless ``lenient`` (then the body is kept
     and the unreadable headers are left out, for the dead-letter sub-queue)."""
+    return received(contents(value, headers, timestamp_ms, partition, offset,
+                             lenient=lenient), **delivery)
+
+
+#: what a record holds for its received message: the body and the fields
+Contents = tuple[bytes, dict[str, Any]]
+
+
+def received(read: Contents, **delivery: Any) -> ServiceBusReceivedMessage:
+    """The received message of a record's :func:`contents` and its delivery
+    (lock token, lock end, delivery count...), which the engine's grant gives."""
+    body, given = read
+    return ServiceBusReceivedMessage(body, **given, **delivery)
+
+
+def contents(value: bytes | None, headers: Headers, timestamp_ms: int | None,
+             partition: int, offset: int, *, lenient: bool = False) -> Contents:
+    """What the record holds for its message, as :func:`decode` says; its
+    delivery is not known yet."""
     body, given, malformed = message_record.decode(value, headers, lenient=lenient)
     # Only what the record holds: the message's class gives the rest. The
     # text fields have the message's names already.
@@ -77,9 +96,9 @@ def decode(value: bytes | None, headers: Headers, timestamp_ms: int | None,
         given["body_type"] = AmqpMessageBodyType(body_type)
     if malformed is not None:
         given["malformed_reason"] = malformed
-    return ServiceBusReceivedMessage(
-        body, sequence_number=sequence_number(partition, offset),
-        enqueued_time_utc=utc_from_ms(timestamp_ms), **given, **delivery)
+    given["sequence_number"] = sequence_number(partition, offset)
+    given["enqueued_time_utc"] = utc_from_ms(timestamp_ms)
+    return body, given
 
 
 STATES = {"active": ServiceBusMessageState.ACTIVE, "deadletter": ServiceBusMessageState.ACTIVE,

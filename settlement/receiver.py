@@ -75,6 +75,9 @@ class ServiceBusSubQueue(enum.StrEnum):
 
 #: most messages a receiver's loop locks ahead of the application (see __iter__)
 _LOOP_PREFETCH = 32
+#: the smallest receive that reads its records while the engine locks them
+#: (see ServiceBusReceiver._ahead_of_grants)
+_AHEAD_OF_GRANTS = 50
 #: reason and description characters in one settle command (see settle_messages)
 _TEXT_PER_COMMAND = 250_000
 #: Settlements that are final once Kafka appended them within the lock
@@ -137,6 +140,10 @@ class ServiceBusReceiver:
         self._pool = readers  # the client's: readers are taken from it and given back
         self._readers: dict[int, PartitionReader] = {}
         self._turn = itertools.cycle(range(props.partition_count))
+        #: partition -> where this receiver's next grants there likely
+        #: begin (after its last ones), and whether its last ones began
+        #: where those before them ended: it drains the partition in order
+        self._in_order: dict[int, tuple[int, bool]] = {}
         self._peek_from = (0, 0)
         self._closed = False
         self._session = self._session_for(link, props, session_id, sub_queue, max_wait_time)
@@ -284,10 +291,49 @@ class ServiceBusReceiver:
             hw = reader.high_watermark() if self._sub == "active" else 0
             cmd = self._link.command(self._entity, partition, AcquireArgs(
                 self._sub, self.receive_mode.value, want - len(got), hw))
-            reply = self._link.call(cmd)
+            ahead: dict[int, message_records.Contents] = {}
+            reply = self._link.call(cmd, meanwhile=self._ahead_of_grants(
+                reader, partition, want - len(got), ahead))
             check_reply(reply, self.entity_path)
-            got += self._materialize(partition, reply.grants)
+            if reply.grants:
+                first, last = reply.grants[0].offset, reply.grants[-1].offset
+                expected = self._in_order.get(partition, (-1, False))[0]
+                self._in_order[partition] = (last + 1, first == expected)
+            got += self._materialize(partition, reply.grants, ahead=ahead)
         return got
+
+    def _ahead_of_grants(self, reader: PartitionReader, partition: int, want: int,
+                         into: dict[int, message_records.Contents]
+                         ) -> Callable[[], None] | None:
+        """While the engine locks the next ``want`` messages of a partition
+        this receiver drains in order: read the records its grants most
+        likely name (those after its last ones) from what the reader holds
+        already, into ``into`` (offset -> contents). A receive of hundreds
+        then reads while the engine works instead of after (make bench,
+        receive 1,000 + complete_messages: building the messages was a third
+        of each round, waited for after the grants came). Nothing when the
+        batch is small, or the last grants were elsewhere (receivers that
+        compete for the partition, or redeliveries): it would be read for
+        nothing."""
+        first, in_order = self._in_order.get(partition, (-1, False))
+        if want < _AHEAD_OF_GRANTS or not in_order or self._sub != "active":
+            return None
+
+        def read() -> None:
+            try:
+                records = reader.at_hand(range(first, first + want))
+            except ServiceBusError as exc:  # the read of the grants meets it again
+                log.debug("reading ahead of the grants of %s[%d] failed: %s", self._topic,
+                          partition, exc)
+                return
+            for offset, record in records.items():
+                try:
+                    into[offset] = message_records.contents(
+                        record.value(), record.headers(), record.timestamp()[1], partition,
+                        offset)
+                except MalformedRecord:  # dead-lettered when granted, as it is read again
+                    continue
+        return read
 
     def _receive_session(self, want: int) -> list[ServiceBusReceivedMessage]:
         """The held session's next messages, in order, from its partition."""
@@ -306,13 +352,15 @@ class ServiceBusReceiver:
         check_reply(reply, self.entity_path)
         return self._materialize(partition, reply.grants)
 
-    def _materialize(self, partition: int, grants: list[Grant], *, peeked: bool = False
+    def _materialize(self, partition: int, grants: list[Grant], *, peeked: bool = False,
+                     ahead: dict[int, message_records.Contents] | None = None
                      ) -> list[ServiceBusReceivedMessage]:
         """Read the granted records and build the messages. Records that must
         not reach the application are settled here instead: a record that
         breaks the wire format is dead-lettered, an expired message expires, a
         message not yet due is parked until it is, an offset with no record is
-        completed. Peeked records are shown as they are."""
+        completed. Peeked records are shown as they are. ``ahead``: the
+        contents of records read while the grants were on their way."""
         if not grants:
             return []
         records = self._reader(partition).read([g.offset for g in grants])
@@ -340,10 +388,12 @@ class ServiceBusReceiver:
                 "dead_letter_error_description": grant.description,
                 "dead_letter_source": grant.source, "state": message_records.STATES[grant.state],
             }
+            read = ahead.get(offset) if ahead else None
             try:
-                message = message_records.decode(
-                    record.value(), record.headers(), record.timestamp()[1], partition, offset,
-                    lenient=peeked or self._sub != "active", **delivery)
+                message = message_records.received(
+                    read or message_records.contents(
+                        record.value(), record.headers(), record.timestamp()[1], partition,
+                        offset, lenient=peeked or self._sub != "active"), **delivery)
             except MalformedRecord as exc:
                 log.warning("dead-lettering malformed record %s[%d]@%d: %s",
                             self._topic, partition, offset, exc)

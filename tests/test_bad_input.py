@@ -7,9 +7,11 @@ import os
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+import pytest
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from settlement._log_reader import PartitionReader
 from settlement.management import ServiceBusAdministrationClient
 from settlement.receiver import MALFORMED_REASON
 from tests.wire_commands import call_raw
@@ -25,6 +27,7 @@ from topics.entities import DEFAULT_ENGINE_PARTITIONS
 from topics.errors import ErrorCode
 from topics.offsets import log_end_offsets
 from topics.partitions import command_partition
+from topics.sequence_numbers import split_sequence_number
 
 
 def raw_producer(client: ServiceBusClient) -> Producer:
@@ -122,3 +125,50 @@ def test_malformed_record_in_the_log_goes_to_the_dead_letter_sub_queue(
     assert b"".join(dead.body) == b"\x00\x01 payload"
     assert dead.dead_letter_reason == MALFORMED_REASON
     assert "application-properties" in dead.dead_letter_error_description
+
+
+def test_records_read_while_the_engine_locks_them_are_those_granted(
+        client: ServiceBusClient, make_queue: Callable[..., str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receiver that drains a queue in order in batches of 100 reads the
+    records of its next grants while the engine locks them: each message is
+    the one its grant names, and a malformed record among them is still
+    dead-lettered, never handed out."""
+    queue = make_queue(lock_duration=60)
+    topic = names.entity_log(client.settings.namespace, queue)
+
+    def messages(first: int, stop: int) -> list[ServiceBusMessage]:
+        return [ServiceBusMessage(f"body {i}", message_id=f"m{i}",
+                                  application_properties={"i": i}) for i in range(first, stop)]
+
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages(messages(0, 250))
+        producer = raw_producer(client)
+        producer.produce(topic, b"\x00\x01 payload", partition=0,
+                         headers=[("application-properties", b"{not json")])
+        assert producer.flush(10) == 0
+        sender.send_messages(messages(250, 450))
+    read_ahead: set[int] = set()
+    at_hand = PartitionReader.at_hand
+
+    def noted(reader: PartitionReader, offsets: range) -> dict[int, Message]:
+        found = at_hand(reader, offsets)
+        read_ahead.update(found)
+        return found
+
+    monkeypatch.setattr(PartitionReader, "at_hand", noted)
+    receiver = client.get_queue_receiver(queue)
+    got = []
+    while batch := receiver.receive_messages(100, max_wait_time=3):
+        got += batch
+        receiver.complete_messages(batch)
+    assert [(m.message_id, str(m), m.application_properties) for m in got] == [
+        (f"m{i}", f"body {i}", {"i": i}) for i in range(450)]
+    offsets = [split_sequence_number(m.sequence_number)[1] for m in got]
+    assert offsets == sorted(set(offsets))
+    assert 250 in read_ahead  # the malformed record's offset was read ahead too
+    assert len(read_ahead & set(offsets)) >= 200  # the third batch on
+    dlq = client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+    [dead] = dlq.receive_messages(5, max_wait_time=10)
+    assert b"".join(dead.body) == b"\x00\x01 payload"
+    assert dead.dead_letter_reason == MALFORMED_REASON
