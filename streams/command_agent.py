@@ -183,25 +183,43 @@ class _FaustGroupOffsets:
 #: engine's main thread spent 0.7 ms of a core on each (its batch, commit
 #: record, follow-up and their acknowledgements; issue 24, one thread:
 #: 61 % of a core at 871 msg/s), the brokers on the same cores the rest.
-#: With 5 ms: 40 % at 1,056 msg/s (make bench, one thread: 1,138 -> 1,219).
-#: What is held is applied before the next command somebody waits for:
-#: 20 ms held more (33 %, 1,344 in make bench) but put a session's 10
-#: settlements in front of its release and the next lock (bench-sessions:
-#: lock p50 11.9 -> 13.4-14.3 ms, 2,000-2,050 msg/s; with 5 ms 11.8 ms,
-#: 2,347). Nobody else is kept waiting: a command someone waits for ends
-#: the wait, and a settlement is judged by when it was appended, not
-#: applied (docs/settlement-by-log.md).
-QUIET_LINGER_S = 0.005
+#: With 5 ms: 40 % at 1,056 msg/s (make bench, one thread: 1,138 -> 1,219);
+#: with 20 ms 33 % (1,344). make bench of 2026-11-29, 20 ms against 5 ms,
+#: two runs of each interleaved: one thread 2,901-3,004 against 2,713-2,779
+#: msg/s (the engine 0.24 of a core against 0.34), 8 threads 4,744-5,635
+#: against 4,304-4,631, asyncio 11,960-13,216 against 11,901-11,953. Nobody
+#: is kept waiting: a command someone waits for ends the wait, and a
+#: settlement is judged by when it was appended, not applied
+#: (docs/settlement-by-log.md).
+QUIET_LINGER_S = 0.020
+#: What is held is applied before the next command somebody waits for: a
+#: session's settlements, held 20 ms, stood in front of its release and the
+#: next session's lock (bench-sessions of 2026-11-27: lock p50 11.9 ->
+#: 13.4-14.3 ms, 2,000-2,050 msg/s; with 5 ms 11.8 ms, 2,347). Settlements
+#: of entities that require sessions, and ticks, are held 5 ms (bench-sessions
+#: of 2026-11-29 with the 20 ms for the others: 3,260-3,323 msg/s against
+#: 3,254-3,413).
+SESSION_QUIET_LINGER_S = 0.005
 
 
-def _answered_by_no_one(record: CommandRecord) -> bool:
-    return answered_by_no_one(record.key, record.value)
+def _linger(record: CommandRecord) -> float:
+    """How long the intake may hold ``record`` for more to join it: read
+    from its bytes (a key that names no entity is the engine's to refuse,
+    not the intake's) and the definitions followed, in the intake's thread."""
+    if not answered_by_no_one(record.key, record.value):
+        return 0.0
+    if record.key == TICK_KEY or not _followed:
+        return SESSION_QUIET_LINGER_S
+    entity = (record.key or b"").decode(errors="replace").rpartition("#")[0]
+    found = _followed[0].policy(entity)
+    if found is None or found[1].requires_session:
+        return SESSION_QUIET_LINGER_S
+    return QUIET_LINGER_S
 
 
 #: the engine's reader of the commands partitions it owns
 intake = CommandIntake(settings, commands_topic.get_topic_name(), _FaustGroupOffsets(),
-                       MAX_BATCH, may_wait=_answered_by_no_one,
-                       linger=QUIET_LINGER_S)
+                       MAX_BATCH, linger=_linger)
 #: Fault injection for tests: the worker exits (as after ``kill -9``) right
 #: after the commit record of the first command of this operation is
 #: acknowledged, before its writes and events are sent.

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import queue
 import threading
 import time
@@ -97,15 +98,15 @@ class CommandIntake:
     """
 
     def __init__(self, settings: ConnectionSettings, topic: str, offsets: GroupOffsets,
-                 max_batch: int, *, may_wait: Callable[[CommandRecord], bool] = lambda _: False,
-                 linger: float = 0.0) -> None:
+                 max_batch: int, *, linger: Callable[[CommandRecord], float] = lambda _: 0.0,
+                 ) -> None:
         self._topic = topic
         #: where the group that owns the partitions keeps how far they were applied
         self._offsets = offsets
         self._max_batch = max_batch
-        #: records nobody waits for are handed over once ``linger`` seconds
-        #: passed, with what arrived meanwhile (:meth:`_join_later`)
-        self._may_wait = may_wait
+        #: how long a record may be held for more to join it (0: somebody
+        #: waits for it); what was read is handed over once the least linger
+        #: of its records passed, with what arrived meanwhile (:meth:`_join_later`)
         self._linger = linger
         config = settings.consumer_config(READER)
         if settings.profile.wakes_waiting_fetches:
@@ -332,7 +333,7 @@ class CommandIntake:
             generation = self._generation
             try:
                 records = self._take(self._max_batch, _READ_WAIT_S)
-                if records and self._linger > 0:
+                if records:
                     self._join_later(records)
             except KafkaException as exc:  # a broker fault
                 log.warning("reading the commands failed (%s); reading again", exc)
@@ -355,12 +356,18 @@ class CommandIntake:
 
     def _join_later(self, records: list[CommandRecord]) -> None:
         """While nobody waits for ``records``, add what arrives within the
-        linger, until a record somebody waits for comes or the batch is full:
-        the engine then applies them together, and the event loop is woken
-        once for them."""
-        deadline = time.monotonic() + self._linger
+        least linger of those read, until a record somebody waits for comes
+        or the batch is full: the engine then applies them together, and the
+        event loop is woken once for them."""
+        started = time.monotonic()
+        deadline = math.inf
         fresh = records
-        while all(self._may_wait(record) for record in fresh):
+        while True:
+            for record in fresh:
+                linger = self._linger(record)
+                if linger <= 0:
+                    return
+                deadline = min(deadline, started + linger)
             left = deadline - time.monotonic()
             if left <= 0 or len(records) >= self._max_batch:
                 return

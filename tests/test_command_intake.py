@@ -10,7 +10,7 @@ import uuid
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from streams.command_intake import CommandIntake
+from streams.command_intake import CommandIntake, CommandRecord
 from tests.helpers import Broker
 from topics.connection import parse_connection_string
 
@@ -59,18 +59,23 @@ def test_a_job_whose_caller_was_cancelled_leaves_the_reader_reading(broker: Brok
 def test_records_nobody_waits_for_are_handed_over_together_and_a_waited_one_ends_the_wait(
         broker: Broker) -> None:
     """Records that may wait (settlements final once appended) are held up
-    to the linger so that more join them; one that someone waits for is
-    handed over at once, with those held before it, in order."""
+    to the least linger of those read so that more join them; one that
+    someone waits for is handed over at once, with those held before it,
+    in order."""
     settings = parse_connection_string(broker.connection_string(f"t{uuid.uuid4().hex[:8]}"))
     topic = f"commands-{uuid.uuid4().hex[:6]}"
     admin = AdminClient(settings.kafka_config())
     for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
         future.result(30)
     producer = Producer(settings.kafka_config())
-    linger = 3.0
-    intake = CommandIntake(settings, topic, _OffsetsInMemory(), 100,
-                           may_wait=lambda record: (record.value or b"").startswith(b"quiet"),
-                           linger=linger)
+    linger, short = 3.0, 0.6
+
+    def linger_of(record: CommandRecord) -> float:
+        value = record.value or b""
+        return linger if value.startswith(b"quiet") else short if value.startswith(b"short") \
+            else 0.0
+
+    intake = CommandIntake(settings, topic, _OffsetsInMemory(), 100, linger=linger_of)
 
     def append(value: bytes) -> None:
         producer.produce(topic, value, partition=0)
@@ -79,7 +84,8 @@ def test_records_nobody_waits_for_are_handed_over_together_and_a_waited_one_ends
     async def scenario() -> list[tuple[list[bytes], float]]:
         await intake.assign({0})
         got = []
-        for values in ([b"quiet-1", b"quiet-2", b"answer-me"], [b"answer-me-too"]):
+        for values in ([b"quiet-1", b"quiet-2", b"answer-me"], [b"answer-me-too"],
+                       [b"quiet-3", b"short-1"]):
             batch = asyncio.ensure_future(intake.next_batch())
             started = time.monotonic()
             for value in values:
@@ -90,10 +96,14 @@ def test_records_nobody_waits_for_are_handed_over_together_and_a_waited_one_ends
         return got
 
     try:
-        (first, first_s), (second, second_s) = asyncio.run(scenario())
+        (first, first_s), (second, second_s), (third, third_s) = asyncio.run(scenario())
     finally:
         intake.close()
     assert first == [b"quiet-1", b"quiet-2", b"answer-me"]
     # the waited-for record ended the linger: well before its 3 s
     assert first_s < linger - 1, first_s
     assert second == [b"answer-me-too"] and second_s < 1.0, second_s
+    # the shorter linger of a record read later ends the wait of the first:
+    # both handed over together, about 0.6 s after the first was read
+    assert third == [b"quiet-3", b"short-1"], third
+    assert short - 0.1 < third_s < linger - 1, third_s
