@@ -4,8 +4,9 @@ real broker."""
 from __future__ import annotations
 
 import threading
+import time
 
-from confluent_kafka import Message
+from confluent_kafka import Message, Producer
 
 from settlement._log_reader import ReaderPool
 from tests.helpers import Broker, one_partition_log
@@ -70,4 +71,40 @@ def test_a_reader_seeking_to_scattered_offsets_reads_the_stride_before_them_for_
     finally:
         pool.give_back(first)
         pool.give_back(second)
+        pool.close()
+
+
+def test_a_reader_draining_its_fetch_queue_fast_finds_the_next_records_fetched(
+        broker: Broker) -> None:
+    """A receiver of 1,000 at a time empties its reader's fetch queue (16 MB,
+    filled while it waited for the engine) in a fraction of a second:
+    librdkafka then fetches again at once, not a second later
+    (``fetch.queue.backoff.ms``'s default: make bench's receive of the batch
+    after the queue was full waited 460-600 ms for it)."""
+    settings, topic, _ = one_partition_log(broker)
+    records, size, batch = 8_000, 4096, 500
+    producer = Producer(settings.kafka_config())
+    for i in range(records):
+        producer.produce(topic, f"record {i}".encode().ljust(size, b"."))
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+    pool = ReaderPool(settings)
+    reader = pool.take(topic, 0)
+    try:
+        slowest = 0.0
+        for first in range(0, records, batch):
+            started = time.monotonic()
+            got = reader.read(list(range(first, first + batch)))
+            if first:  # the first read seeks back from the log end
+                slowest = max(slowest, time.monotonic() - started)
+            assert [r.value()[:12] for r in got.values() if r is not None] == [
+                f"record {o}".encode().ljust(12, b".") for o in range(first, first + batch)]
+            # as a receiver waits for the engine's next grants: its consumer
+            # fetches ahead meanwhile, the first time until its queue is full
+            time.sleep(0.2 if not first else 0.02)
+        assert slowest < 0.3, f"a read of {batch} records ({batch * size / 2**20:.0f} MB) " \
+                              f"took {slowest:.2f} s"
+    finally:
+        pool.give_back(reader)
         pool.close()
