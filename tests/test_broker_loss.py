@@ -35,9 +35,16 @@ def cpu_seconds(pid: int) -> float:
 
 def threads_cpu_seconds(threads: set[str]) -> float:
     """User + system CPU time of ``threads`` (ids of this process's tasks,
-    native ones included: librdkafka's)."""
-    return sum(_ticks(Path(f"/proc/self/task/{tid}/stat")) for tid in threads
-               if Path(f"/proc/self/task/{tid}").exists()) / os.sysconf("SC_CLK_TCK")
+    native ones included: librdkafka's) that are still running: one may end
+    while they are read (CI saw a stat file go between a check that it was
+    there and its read)."""
+    ticks = 0
+    for tid in threads:
+        try:
+            ticks += _ticks(Path(f"/proc/self/task/{tid}/stat"))
+        except FileNotFoundError:
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _ticks(stat: Path) -> int:
