@@ -658,9 +658,10 @@ class Reply:
     error_code: str = ""
     error_message: str = ""
 
-    @property
+    @functools.cached_property
     def grants(self) -> list[Grant]:
-        """What an acquire handed out."""
+        """What an acquire handed out, decoded once: a receive reads them
+        four times (a thousand grants took 0.56 ms each time)."""
         return [Grant.from_wire(g) for g in self.result["grants"]]
 
     @property
