@@ -312,10 +312,9 @@ class ServiceBusReceiver:
         then reads while the engine works instead of after (a harness of
         receive 1,000 + complete_messages on Apache Kafka: building the
         messages after the grants came was 31-36 % of each round, 19-23 %
-        with this). Nothing when the
-        batch is small, or the last grants were elsewhere (receivers that
-        compete for the partition, or redeliveries): it would be read for
-        nothing."""
+        with this). Nothing when the batch is small, or the last grants were
+        elsewhere (receivers that compete for the partition, or
+        redeliveries): it would be read for nothing."""
         first, in_order = self._in_order.get(partition, (-1, False))
         if want < _AHEAD_OF_GRANTS or not in_order or self._sub != "active":
             return None
