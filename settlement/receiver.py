@@ -239,9 +239,10 @@ class ServiceBusReceiver:
 
     def _receive(self, want: int, max_wait_time: float | None
                  ) -> list[ServiceBusReceivedMessage]:
-        got = self._take_ready(want)
+        pauses = self._pauses(max_wait_time)
+        got = self._first_round(want)
         if not got:
-            for pause in self._pauses(max_wait_time):
+            for pause in pauses:
                 time.sleep(pause)
                 got = self._receive_round(want)
                 if got:
@@ -249,18 +250,27 @@ class ServiceBusReceiver:
         self._read_ahead_next(want, got)
         return got
 
-    def _take_ready(self, want: int) -> list[ServiceBusReceivedMessage]:
+    def _first_round(self, want: int) -> list[ServiceBusReceivedMessage]:
         """The first step of a receive: check the receiver is open, lock its
-        session on first use, and take what was read ahead (locked)."""
+        session on first use, and take what was read ahead (locked), else
+        ask the engine at once. One step, so that the asyncio receiver's
+        first try is one trip to a worker thread, not two."""
         self._check_open()
         self._open()
-        return self._fresh(self._read_ahead.take(want)) if self._read_ahead else []
+        if self._read_ahead:
+            got = self._fresh(self._read_ahead.take(want))
+            if got:
+                return got
+        return self._receive_round(want)
 
     def _pauses(self, max_wait_time: float | None) -> Iterator[float]:
-        """The pauses before each round of a receive that waits for messages,
-        until ``max_wait_time`` (the receiver's own when None) has passed."""
-        return waits.pauses(self._max_wait_time if max_wait_time is None else max_wait_time,
-                            0.005, 0.2)
+        """The pauses before each round of a receive that waits for messages
+        after its first, until ``max_wait_time`` (the receiver's own when
+        None) has passed."""
+        pauses = waits.pauses(self._max_wait_time if max_wait_time is None else max_wait_time,
+                              0.005, 0.2)
+        next(pauses)  # the 0 before the first round: _first_round asks at once
+        return pauses
 
     def _read_ahead_next(self, want: int, got: list[ServiceBusReceivedMessage]) -> None:
         """After a receive: a busy queue (a large batch came back full) has
