@@ -428,16 +428,25 @@ class EngineLink:
                 records = take(self._consumer, 500, 0.1)
             except RuntimeError:  # consumer closed under us during shutdown
                 return
-            for record in records:
-                if record.error():
-                    continue
-                reply = decode_reply(record.value())
-                if reply is None or reply.client != self.client_id:
-                    continue
-                with self._lock:
-                    fut = self._waiting.get(reply.id)
-                if fut is not None and not fut.done():
-                    fut.set_result(reply)
+            self._hand_out(records)
+
+    def _hand_out(self, records: list[Message]) -> None:
+        """Give each reply of ``records`` to the call waiting for it. (A
+        function of its own, so that its variables go with it: a reply held
+        in the reading loop's until the next replies came, a receive's
+        grants, two objects per message, outlived the receive, and the
+        garbage collector carried them into its oldest generation, which it
+        walks again and again.)"""
+        for record in records:
+            if record.error():
+                continue
+            reply = decode_reply(record.value())
+            if reply is None or reply.client != self.client_id:
+                continue
+            with self._lock:
+                fut = self._waiting.get(reply.id)
+            if fut is not None and not fut.done():
+                fut.set_result(reply)
 
     def close(self) -> None:
         self._closed.set()
