@@ -239,10 +239,9 @@ class ServiceBusReceiver:
 
     def _receive(self, want: int, max_wait_time: float | None
                  ) -> list[ServiceBusReceivedMessage]:
-        pauses = self._pauses(max_wait_time)
         got = self._first_round(want)
         if not got:
-            for pause in pauses:
+            for pause in self._pauses(max_wait_time):
                 time.sleep(pause)
                 got = self._receive_round(want)
                 if got:
@@ -264,12 +263,14 @@ class ServiceBusReceiver:
         return self._receive_round(want)
 
     def _pauses(self, max_wait_time: float | None) -> Iterator[float]:
-        """The pauses before each round of a receive that waits for messages
-        after its first, until ``max_wait_time`` (the receiver's own when
-        None) has passed."""
+        """The pauses before each round of a receive after its first (which
+        :meth:`_first_round` made at once), until ``max_wait_time`` (the
+        receiver's own when None) has passed, counted from the end of that
+        first step: a receiver's wait for a free session, in the same step,
+        does not shorten it."""
         pauses = waits.pauses(self._max_wait_time if max_wait_time is None else max_wait_time,
                               0.005, 0.2)
-        next(pauses)  # the 0 before the first round: _first_round asks at once
+        next(pauses)  # the 0 before the first round
         return pauses
 
     def _read_ahead_next(self, want: int, got: list[ServiceBusReceivedMessage]) -> None:

@@ -141,11 +141,10 @@ class ServiceBusReceiver:
         """The sync receiver's receive, with its pauses between rounds on the
         event loop: a thread is held for a round trip, not for the wait. A
         round trip whose caller is cancelled releases what it locked."""
-        pauses = receiver._pauses(max_wait_time)
         got = await self._offload.run(receiver._first_round, want,
                                       if_abandoned=receiver._release)
         if not got:
-            for pause in pauses:
+            for pause in receiver._pauses(max_wait_time):
                 await asyncio.sleep(pause)
                 receiver._check_open()
                 got = await self._offload.run(receiver._receive_round, want,
