@@ -431,12 +431,12 @@ class EngineLink:
             self._hand_out(records)
 
     def _hand_out(self, records: list[Message]) -> None:
-        """Give each reply of ``records`` to the call waiting for it. (A
-        function of its own, so that its variables go with it: a reply held
-        in the reading loop's until the next replies came, a receive's
-        grants, two objects per message, outlived the receive, and the
-        garbage collector carried them into its oldest generation, which it
-        walks again and again.)"""
+        """Give each reply of ``records`` to the call waiting for it. A
+        function of its own so that its variables end with it: a reply kept
+        in the reading loop's variables until the next replies came (a
+        receive's grants, two objects per message) outlived its receive, and
+        the garbage collector moved it into its oldest generation, which it
+        walks again and again."""
         for record in records:
             if record.error():
                 continue
