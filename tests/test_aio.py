@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -93,6 +95,43 @@ def test_one_thousand_concurrent_completes_are_grouped_and_settle_each_message_o
     props = admin.get_queue_runtime_properties(queue)
     assert (props.active_message_count, props.locked_message_count,
             props.dead_letter_message_count, props.deferred_message_count) == (0, 0, 0, 0)
+
+
+def test_completed_messages_are_freed_without_the_garbage_collector(
+        conn: str, make_queue: Callable[..., str]) -> None:
+    """A settled message is freed when the application drops it: nothing of
+    a ``complete_message`` (its queued settle, answer, callbacks) holds it in
+    a reference cycle, which only the cyclic collector frees, walking every
+    object of the process to do so."""
+    queue = make_queue(lock_duration=60, partition_count=1)
+    bodies = [f"g{i}" for i in range(100)]
+
+    async def main() -> None:
+        async with ServiceBusClient.from_connection_string(conn) as client:
+            await send(client, queue, *bodies)
+            async with client.get_queue_receiver(queue) as receiver:
+                messages = await receive_all(receiver, len(bodies))
+                gc.collect()
+                gc.disable()
+                try:
+                    freed = [weakref.ref(m) for m in messages]
+                    results = await asyncio.gather(
+                        *(receiver.complete_message(m) for m in messages))
+                    assert results == [None] * len(bodies)
+                    del messages, results
+                    # the worker thread that sent the settle lets go of it
+                    # soon after its answer: a cycle never does (gc is off)
+                    deadline = time.monotonic() + 2.0
+                    while any(ref() is not None for ref in freed) \
+                            and time.monotonic() < deadline:
+                        await asyncio.sleep(0.01)
+                    alive = sum(ref() is not None for ref in freed)
+                    assert alive == 0, f"{alive} of {len(bodies)} completed messages are " \
+                        "still alive: something of the settle path holds them in a cycle"
+                finally:
+                    gc.enable()
+
+    run(main())
 
 
 def test_session_receiver_holds_its_session_and_keeps_state(

@@ -45,11 +45,15 @@ class _Answer(asyncio.Future[None]):
     ``await complete_message(m)`` made a Task, two futures and about five
     callbacks each, the event loop's time rather than the settlements'."""
 
-    #: takes the settle out of its window's queue; False once it was sent
-    withdraw: Callable[[], bool] | None = None
+    #: takes this answer's settle out of its window's queue; False once it
+    #: was sent. Given the answer rather than holding its settle: a settle
+    #: holds its answer, and a callback holding the settle made a reference
+    #: cycle of each settle, its answer and its message, which only the
+    #: garbage collector frees (see SettleGroups._withdrawer).
+    withdraw: Callable[[_Answer], bool] | None = None
 
     def cancel(self, msg: Any | None = None) -> bool:
-        if not self.done() and self.withdraw is not None and not self.withdraw():
+        if not self.done() and self.withdraw is not None and not self.withdraw(self):
             return False
         return super().cancel(msg)
 
@@ -80,6 +84,8 @@ class SettleGroups:
         self._offload = offload
         self._queued: dict[tuple[str, int], list[_Settle]] = {}
         self._flushers: dict[tuple[str, int], asyncio.Task[None]] = {}
+        #: per window, what withdraws a queued settle from it (made once)
+        self._withdrawers: dict[tuple[str, int], Callable[[_Answer], bool]] = {}
         self.commands_sent = 0
 
     async def settle(self, receiver: SyncReceiver, message: ServiceBusReceivedMessage,
@@ -99,11 +105,11 @@ class SettleGroups:
                reason: str | None, description: str | None) -> _Settle:
         receiver._check_open()
         receiver._check_settleable(message, action)
+        window = (receiver._entity, message.partition)
         answer = _Answer(loop=asyncio.get_running_loop())
+        answer.withdraw = self._withdrawer(window)
         settle = _Settle(receiver, message, action,
                          _settle_item(message, action, reason, description), answer)
-        answer.withdraw = functools.partial(self._withdraw, settle)
-        window = (receiver._entity, message.partition)
         self._queued.setdefault(window, []).append(settle)
         if window not in self._flushers:
             # The task's first step runs after the coroutines already ready
@@ -111,13 +117,28 @@ class SettleGroups:
             self._flushers[window] = asyncio.create_task(self._flush(window))
         return settle
 
-    def _withdraw(self, settle: _Settle) -> bool:
-        """Take ``settle`` out of its window's queue; False if it was sent."""
-        queued = self._queued.get((settle.receiver._entity, settle.message.partition), [])
-        if settle not in queued:
-            return False
-        queued.remove(settle)
-        return True
+    def _withdrawer(self, window: tuple[str, int]) -> Callable[[_Answer], bool]:
+        """What withdraws a settle of ``window`` given its answer: one for
+        all of the window's settles, holding none of them, so that a settle
+        sent and answered is freed by its last reference going, not left to
+        the garbage collector. (With a callback per settle holding it, each
+        of them, its answer and its message were a cycle: receiving 100 and
+        completing each, the client's collections took 9 % of its time,
+        full ones 25-35 ms three times in 20,000 messages.)"""
+        withdrawer = self._withdrawers.get(window)
+        if withdrawer is None:
+            withdrawer = self._withdrawers[window] = functools.partial(self._withdraw, window)
+        return withdrawer
+
+    def _withdraw(self, window: tuple[str, int], answer: _Answer) -> bool:
+        """Take the settle ``answer`` is for out of ``window``'s queue;
+        False if it was sent."""
+        queued = self._queued.get(window, [])
+        for at, settle in enumerate(queued):
+            if settle.answer is answer:
+                del queued[at]
+                return True
+        return False
 
     async def _flush(self, window: tuple[str, int]) -> None:
         """Send the window's queued settles, a command at a time, until none is left."""
