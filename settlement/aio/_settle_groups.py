@@ -20,6 +20,7 @@ import asyncio
 import functools
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 from settlement._engine_link import check_reply
@@ -32,10 +33,8 @@ from settlement.receiver import ServiceBusReceiver as SyncReceiver
 from topics.commands import MAX_ACQUIRE, SettleItem
 
 
-class _Settle(asyncio.Future[None]):
-    """One queued settlement and the future of its answer, which the
-    coroutine settling awaits: one object where a settle and its answer were
-    two, for the garbage collector to count, a thousand at a time.
+class _Answer(asyncio.Future[None]):
+    """A settle's answer, awaited by the coroutine that settles.
 
     Cancelling the awaiting task cancels this future (``Task.cancel``), which
     withdraws the settle while it is queued. Once it is sent, ``cancel``
@@ -46,33 +45,35 @@ class _Settle(asyncio.Future[None]):
     ``await complete_message(m)`` made a Task, two futures and about five
     callbacks each, the event loop's time rather than the settlements'."""
 
-    def __init__(self, receiver: SyncReceiver, message: ServiceBusReceivedMessage,
-                 action: str, item: SettleItem, withdraw: Callable[[_Settle], bool]) -> None:
-        super().__init__(loop=asyncio.get_running_loop())
-        self.receiver = receiver
-        self.message = message
-        self.action = action
-        self.item = item
-        #: takes this settle out of its window's queue; False once it was
-        #: sent. The window's, given the settle rather than holding it: a
-        #: callback of its own holding it made a cycle of each settle and
-        #: its message, which only the garbage collector frees
-        #: (SettleGroups._withdrawer).
-        self.withdraw = withdraw
-
-    @property
-    def text(self) -> int:
-        """Characters of reason and description the engine stores with it."""
-        return len(self.item.reason or "") + len(self.item.description or "") + 100
+    #: takes this answer's settle out of its window's queue; False once it
+    #: was sent. Given the answer rather than holding its settle: a settle
+    #: holds its answer, and a callback holding the settle made a reference
+    #: cycle of each settle, its answer and its message, which only the
+    #: garbage collector frees (see SettleGroups._withdrawer).
+    withdraw: Callable[[_Answer], bool] | None = None
 
     def cancel(self, msg: Any | None = None) -> bool:
-        if not self.done() and not self.withdraw(self):
+        if not self.done() and self.withdraw is not None and not self.withdraw(self):
             return False
         return super().cancel(msg)
 
     def abort(self) -> None:
         """Cancel it whatever happened (the client closed before it was sent)."""
         super().cancel()
+
+
+@dataclass(eq=False)  # a settle is itself: found in its queue by identity
+class _Settle:
+    receiver: SyncReceiver
+    message: ServiceBusReceivedMessage
+    action: str
+    item: SettleItem
+    answer: _Answer
+
+    @property
+    def text(self) -> int:
+        """Characters of reason and description the engine stores with it."""
+        return len(self.item.reason or "") + len(self.item.description or "") + 100
 
 
 class SettleGroups:
@@ -84,25 +85,31 @@ class SettleGroups:
         self._queued: dict[tuple[str, int], list[_Settle]] = {}
         self._flushers: dict[tuple[str, int], asyncio.Task[None]] = {}
         #: per window, what withdraws a queued settle from it (made once)
-        self._withdrawers: dict[tuple[str, int], Callable[[_Settle], bool]] = {}
+        self._withdrawers: dict[tuple[str, int], Callable[[_Answer], bool]] = {}
         self.commands_sent = 0
 
-    def settle(self, receiver: SyncReceiver, message: ServiceBusReceivedMessage, action: str,
-               reason: str | None = None, description: str | None = None) -> _Settle:
-        """Queue the settlement of ``message`` for its window's next command:
-        the future of its answer, which raises the engine's refusal.
+    async def settle(self, receiver: SyncReceiver, message: ServiceBusReceivedMessage,
+                     action: str, reason: str | None = None, description: str | None = None
+                     ) -> None:
+        """Settle ``message`` in its window's next command; raises its own
+        answer's error (if the engine refused it).
 
         Cancelled, a settlement is applied or not, never half: still queued,
         it is withdrawn (the message stays locked, to settle again); already
         sent, the await waits for the engine's answer before it raises
         ``CancelledError``, and the message's state is the engine's by then
-        (:class:`_Settle`)."""
+        (:class:`_Answer`)."""
+        await self._queue(receiver, message, action, reason, description).answer
+
+    def _queue(self, receiver: SyncReceiver, message: ServiceBusReceivedMessage, action: str,
+               reason: str | None, description: str | None) -> _Settle:
         receiver._check_open()
         receiver._check_settleable(message, action)
         window = (receiver._entity, message.partition)
+        answer = _Answer(loop=asyncio.get_running_loop())
+        answer.withdraw = self._withdrawer(window)
         settle = _Settle(receiver, message, action,
-                         _settle_item(message, action, reason, description),
-                         self._withdrawer(window))
+                         _settle_item(message, action, reason, description), answer)
         self._queued.setdefault(window, []).append(settle)
         if window not in self._flushers:
             # The task's first step runs after the coroutines already ready
@@ -110,26 +117,28 @@ class SettleGroups:
             self._flushers[window] = asyncio.create_task(self._flush(window))
         return settle
 
-    def _withdrawer(self, window: tuple[str, int]) -> Callable[[_Settle], bool]:
-        """What withdraws a settle of ``window``: one for all of the window's
-        settles, holding none of them, so that a settle sent and answered is
-        freed by its last reference going, not left to the garbage
-        collector. (With a callback per settle holding it, each settle and
-        its message were a cycle: receiving 100 and completing each, the
-        client's collections took 9 % of its time, full ones 25-35 ms three
-        times in 20,000 messages.)"""
+    def _withdrawer(self, window: tuple[str, int]) -> Callable[[_Answer], bool]:
+        """What withdraws a settle of ``window`` given its answer: one for
+        all of the window's settles, holding none of them, so that a settle
+        sent and answered is freed by its last reference going, not left to
+        the garbage collector. (With a callback per settle holding it, each
+        of them, its answer and its message were a cycle: receiving 100 and
+        completing each, the client's collections took 9 % of its time,
+        full ones 25-35 ms three times in 20,000 messages.)"""
         withdrawer = self._withdrawers.get(window)
         if withdrawer is None:
             withdrawer = self._withdrawers[window] = functools.partial(self._withdraw, window)
         return withdrawer
 
-    def _withdraw(self, window: tuple[str, int], settle: _Settle) -> bool:
-        """Take ``settle`` out of ``window``'s queue; False if it was sent."""
+    def _withdraw(self, window: tuple[str, int], answer: _Answer) -> bool:
+        """Take the settle ``answer`` is for out of ``window``'s queue;
+        False if it was sent."""
         queued = self._queued.get(window, [])
-        if settle not in queued:
-            return False
-        queued.remove(settle)
-        return True
+        for at, settle in enumerate(queued):
+            if settle.answer is answer:
+                del queued[at]
+                return True
+        return False
 
     async def _flush(self, window: tuple[str, int]) -> None:
         """Send the window's queued settles, a command at a time, until none is left."""
@@ -178,19 +187,19 @@ class SettleGroups:
         """Tell each settle of ``group`` its answer (or the command's error)."""
         if sent.cancelled():  # the client closed before it was sent
             for settle in group:
-                settle.abort()
+                settle.answer.abort()
             return
         error = sent.exception()
         if error is not None:
             for settle in group:
-                settle.set_exception(error)
+                settle.answer.set_exception(error)
             return
         self.commands_sent += 1
         for settle, answer in zip(group, sent.result(), strict=True):
             if answer is None:
-                settle.set_result(None)
+                settle.answer.set_result(None)
             else:
-                settle.set_exception(answer)
+                settle.answer.set_exception(answer)
 
     async def close(self) -> None:
         """Wait for the settles in flight (a client closes after them)."""
