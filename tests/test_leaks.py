@@ -1,6 +1,7 @@
 """Clients leave nothing behind: opening and closing a thousand senders,
 receivers and session receivers on one client (sync and asyncio) keeps the
-process's threads, sockets and file descriptors where they were and its
+process's threads and file descriptors where they were (its connections to
+brokers within what its librdkafka handles' broker threads may hold) and its
 memory within 5 MB; closing the client stops every librdkafka handle it made.
 The workload runs in a fresh process (tests/leak_probe.py), as an application
 would, so that the other tests' handles in this one do not move the counts."""
