@@ -176,6 +176,18 @@ class EngineLink:
             return _all_ok(cmd)
         return self._call_many([cmd], None, final_before_ms, {cmd.id: appended})[0]
 
+    def start_call(self, cmd: Command[ClientArgs], *,
+                   meanwhile: Callable[[], None] | None = None) -> Callable[[], Reply]:
+        """Send ``cmd`` now; the function returned waits for its answer as
+        :meth:`call` does (retries included), on whichever thread calls it.
+        For a caller that must have its command in the log before the
+        commands it sends next, and waits for the answer elsewhere."""
+        sent = {cmd.id: self._send(cmd)}
+
+        def answer() -> Reply:
+            return self._call_many([cmd], None, None, {}, meanwhile, sent)[0]
+        return answer
+
     def call_many(self, cmds: list[Command[ClientArgs]], *, timeout: float | None = None,
                   final_before_ms: int | None = None) -> list[Reply]:
         """Send several commands at once and wait for all of their answers.
@@ -189,9 +201,11 @@ class EngineLink:
 
     def _call_many(self, cmds: list[Command[ClientArgs]], timeout: float | None,
                    final_before_ms: int | None, quiet_copies: dict[str, _Append],
-                   meanwhile: Callable[[], None] | None = None) -> list[Reply]:
+                   meanwhile: Callable[[], None] | None = None,
+                   sent: dict[str, _Sent] | None = None) -> list[Reply]:
         """:meth:`call_many`, after the quiet copies ``quiet_copies`` were
-        sent; ``meanwhile`` as :meth:`call` says."""
+        sent; ``meanwhile`` as :meth:`call` says; ``sent``: commands already
+        sent once (:meth:`start_call`), their first attempt."""
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: dict[str, Reply] = {}
         pending = list(cmds)
@@ -199,8 +213,8 @@ class EngineLink:
         while True:
             self._wait_while_busy({c.entity for c in pending})
             error = self._attempt(pending, replies, deadline, final_before_ms, quiet_copies,
-                                  meanwhile)
-            meanwhile = None
+                                  meanwhile, sent or {})
+            meanwhile = sent = None
             if error is None:
                 return [replies[c.id] for c in cmds]
             pending = [c for c in pending if c.id not in replies]
@@ -215,7 +229,8 @@ class EngineLink:
     def _attempt(self, cmds: list[Command[ClientArgs]], replies: dict[str, Reply],
                  call_deadline: float | None, final_before_ms: int | None,
                  quiet_copies: dict[str, _Append],
-                 meanwhile: Callable[[], None] | None = None) -> ServiceBusError | None:
+                 meanwhile: Callable[[], None] | None = None,
+                 already: dict[str, _Sent] | None = None) -> ServiceBusError | None:
         """Send ``cmds`` once; put their answers in ``replies``, waiting
         ``attempt_timeout`` at most (or until ``call_deadline``). Returns the
         error that stands for those left without one (busy, timed out or
@@ -232,10 +247,12 @@ class EngineLink:
         deadline = started + self.attempt_timeout
         if call_deadline is not None:
             deadline = min(deadline, call_deadline)
-        sent: list[tuple[Command[ClientArgs], tuple[Future[Reply] | None, _Append]]] = []
+        sent: list[tuple[Command[ClientArgs], _Sent]] = []
         for cmd in cmds:
             earlier = quiet_copies.get(cmd.id)
-            if earlier is not None and not (earlier.done and earlier.error):
+            if already and cmd.id in already:
+                sent.append((cmd, already[cmd.id]))
+            elif earlier is not None and not (earlier.done and earlier.error):
                 sent.append((cmd, (None, earlier)))
             elif final_before_ms is None or not self._stamps_appends:
                 sent.append((cmd, self._send(cmd)))
@@ -320,8 +337,7 @@ class EngineLink:
                      ", ".join(sorted(entities)))
             time.sleep(pause)
 
-    def _send(self, cmd: Command[ClientArgs], *, quiet_until: int | None = None
-              ) -> tuple[Future[Reply] | None, _Append]:
+    def _send(self, cmd: Command[ClientArgs], *, quiet_until: int | None = None) -> _Sent:
         """Produce ``cmd``: the futures of its answer and of its append (when
         Kafka stamped it, ms; None if the broker keeps the producer's time).
         With ``quiet_until``: a settlement sent quiet, of locks ending then,
@@ -502,6 +518,11 @@ class _Append:
         if self.error is not None:
             raise self.error
         return self.stamp
+
+
+#: a command sent: the future of its answer (None: sent quiet, not answered
+#: if final at its append) and its append
+_Sent = tuple[Future[Reply] | None, _Append]
 
 
 def _command_id() -> str:

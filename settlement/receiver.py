@@ -159,7 +159,7 @@ class ServiceBusReceiver:
         self._name = client_identifier or f"SBReceiver-{uuid.uuid4()}"
         # Only a receiver asked to prefetch locks messages the application has
         # not asked for yet, as in the SDK (prefetch_count=0: none).
-        self._read_ahead = (read_ahead.ReadAhead(self._receive_round, self._release)
+        self._read_ahead = (read_ahead.ReadAhead(self._start_round, self._release)
                             if prefetch_count > 0
                             and self.receive_mode == ServiceBusReceiveMode.PEEK_LOCK
                             and self._sub == "active" and self._session is None else None)
@@ -273,6 +273,16 @@ class ServiceBusReceiver:
         next(pauses)  # the 0 before the first round
         return pauses
 
+    def _then_read_ahead(self, round_: Callable[[int], list[ServiceBusReceivedMessage]],
+                         want: int) -> list[ServiceBusReceivedMessage]:
+        """``round_(want)``, then :meth:`_read_ahead_next`: one step for the
+        asyncio receiver's worker thread, which keeps the read-ahead's
+        acquire (and a reader it may open) off the event loop and still has
+        it sent before the receive returns."""
+        got = round_(want)
+        self._read_ahead_next(want, got)
+        return got
+
     def _read_ahead_next(self, want: int, got: list[ServiceBusReceivedMessage]) -> None:
         """After a receive: a busy queue (a large batch came back full) has
         its next batch locked in the background meanwhile."""
@@ -293,25 +303,47 @@ class ServiceBusReceiver:
     def _receive_round(self, want: int) -> list[ServiceBusReceivedMessage]:
         if self._session is not None:
             return self._receive_session(want)
-        got: list[ServiceBusReceivedMessage] = []
-        for _ in range(self._props.partition_count):
-            if len(got) >= want:
-                break
-            partition = next(self._turn)
-            reader = self._reader(partition)
-            hw = reader.high_watermark() if self._sub == "active" else 0
-            cmd = self._link.command(self._entity, partition, AcquireArgs(
-                self._sub, self.receive_mode.value, want - len(got), hw))
-            ahead: dict[int, message_records.Contents] = {}
-            reply = self._link.call(cmd, meanwhile=self._ahead_of_grants(
-                reader, partition, want - len(got), ahead))
+        return self._start_round(want)()
+
+    def _start_round(self, want: int) -> Callable[[], list[ServiceBusReceivedMessage]]:
+        """Send a round's first acquire now; the function returned finishes
+        the round (the answer, the messages, the next partitions while the
+        batch is short), on whichever thread calls it: the read-ahead sends
+        on the application's thread and finishes in its own
+        (:mod:`settlement._read_ahead` says why)."""
+        partitions = self._props.partition_count
+        first = self._start_acquire(next(self._turn), want)
+
+        def finish() -> list[ServiceBusReceivedMessage]:
+            got = first()
+            for _ in range(partitions - 1):
+                if len(got) >= want:
+                    break
+                got += self._start_acquire(next(self._turn), want - len(got))()
+            return got
+        return finish
+
+    def _start_acquire(self, partition: int, want: int
+                       ) -> Callable[[], list[ServiceBusReceivedMessage]]:
+        """Send the acquire of up to ``want`` messages of ``partition``; the
+        function returned waits for its grants and reads their messages."""
+        reader = self._reader(partition)
+        hw = reader.high_watermark() if self._sub == "active" else 0
+        cmd = self._link.command(self._entity, partition, AcquireArgs(
+            self._sub, self.receive_mode.value, want, hw))
+        ahead: dict[int, message_records.Contents] = {}
+        answer = self._link.start_call(cmd, meanwhile=self._ahead_of_grants(
+            reader, partition, want, ahead))
+
+        def messages() -> list[ServiceBusReceivedMessage]:
+            reply = answer()
             check_reply(reply, self.entity_path)
             if reply.grants:
                 first, last = reply.grants[0].offset, reply.grants[-1].offset
                 expected = self._in_order.get(partition, (-1, False))[0]
                 self._in_order[partition] = (last + 1, first == expected)
-            got += self._materialize(partition, reply.grants, ahead=ahead)
-        return got
+            return self._materialize(partition, reply.grants, ahead=ahead)
+        return messages
 
     def _ahead_of_grants(self, reader: PartitionReader, partition: int, want: int,
                          into: dict[int, message_records.Contents]

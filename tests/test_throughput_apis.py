@@ -17,6 +17,9 @@ from settlement import (
     ServiceBusSubQueue,
 )
 from settlement.exceptions import MessageLockLostError
+from tests.helpers import read_all
+from topics import names
+from topics.commands import Op
 
 
 def send(client: ServiceBusClient, queue: str, count: int) -> None:
@@ -184,3 +187,34 @@ def test_receiver_loop_releases_what_it_locked_ahead_but_did_not_hand_out(
         rest += got
     assert [m.delivery_count for m in rest] == [0] * 40
     assert {m.message_id for m in seen + rest} == {f"m{i}" for i in range(50)}
+
+
+def test_a_prefetching_receiver_locks_the_next_batch_before_the_application_settles_this_one(
+        client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+    """``receive_messages(100)`` on a receiver with ``prefetch_count=100``
+    that comes back full asks for the next batch before it returns: that
+    acquire is in the commands log ahead of the batch's settlement (the
+    engine locks the next batch first, and the next receive finds it
+    sooner). Every message is handed out once; the batch read ahead and
+    never taken goes back when the receiver closes, its delivery count
+    untouched."""
+    queue = make_queue(lock_duration=30, partition_count=1)
+    send(client, queue, 250)
+    with client.get_queue_receiver(queue, prefetch_count=100) as receiver:
+        taken = []
+        for _ in range(2):
+            batch = receiver.receive_messages(100, max_wait_time=10)
+            assert len(batch) == 100
+            assert all(r.succeeded for r in receiver.complete_messages(batch))
+            taken += batch
+    rest = receive_all(client.get_queue_receiver(queue), 50)
+    assert [m.delivery_count for m in rest] == [0] * 50
+    assert sorted(m.message_id for m in taken + rest) == sorted(f"m{i}" for i in range(250))
+    commands = read_all(client, names.commands(client.settings.namespace), f"{queue}#0".encode(),
+                        lambda found: len(found) >= 6)
+    ops = [(c["op"], len(c.get("items", []))) for c in commands
+           if c["op"] in (Op.ACQUIRE, Op.SETTLE)]
+    # acquire 100, the next 100 read ahead, settle the first; the last 50 read
+    # ahead, settle the second; release the 50 (then the other receiver's)
+    assert ops[:6] == [("acquire", 0), ("acquire", 0), ("settle", 100), ("acquire", 0),
+                       ("settle", 100), ("settle", 50)], ops

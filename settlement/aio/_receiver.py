@@ -141,17 +141,17 @@ class ServiceBusReceiver:
         """The sync receiver's receive, with its pauses between rounds on the
         event loop: a thread is held for a round trip, not for the wait. A
         round trip whose caller is cancelled releases what it locked."""
-        got = await self._offload.run(receiver._first_round, want,
+        got = await self._offload.run(receiver._then_read_ahead, receiver._first_round, want,
                                       if_abandoned=receiver._release)
         if not got:
             for pause in receiver._pauses(max_wait_time):
                 await asyncio.sleep(pause)
                 receiver._check_open()
-                got = await self._offload.run(receiver._receive_round, want,
+                got = await self._offload.run(receiver._then_read_ahead,
+                                              receiver._receive_round, want,
                                               if_abandoned=receiver._release)
                 if got:
                     break
-        receiver._read_ahead_next(want, got)
         return got
 
     async def __aiter__(self) -> AsyncIterator[ServiceBusReceivedMessage]:
