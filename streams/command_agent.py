@@ -58,7 +58,7 @@ from streams.app import (
     state_topic,
     window_partition,
 )
-from streams.command_intake import CommandIntake, CommandRecord
+from streams.command_intake import CommandIntake, CommandRecord, large_tail
 from streams.definitions import Definitions
 from streams.log_clock import LogClock
 from streams.states import Event, Refused
@@ -200,13 +200,20 @@ QUIET_LINGER_S = 0.020
 #: of 2026-11-29 with the 20 ms for the others: 3,260-3,323 msg/s against
 #: 3,254-3,413).
 SESSION_QUIET_LINGER_S = 0.005
+#: Settlements nobody waits for of at least this many bytes together (about
+#: 400 items: ``complete_messages`` of a large batch) are work enough by
+#: themselves: they are not held for more to join them, and they are applied
+#: after the answers somebody waits for rather than in front of them
+#: (:func:`_after_answers`).
+LARGE_QUIET_BYTES = 32 * 1024
 
 
 def _linger(record: CommandRecord) -> float:
     """How long the intake may hold ``record`` for more to join it: read
     from its bytes (a key that names no entity is the engine's to refuse,
     not the intake's) and the definitions followed, in the intake's thread."""
-    if not answered_by_no_one(record.key, record.value):
+    if not answered_by_no_one(record.key, record.value) \
+            or len(record.value or b"") >= LARGE_QUIET_BYTES:
         return 0.0
     if record.key == TICK_KEY or not _followed:
         return SESSION_QUIET_LINGER_S
@@ -250,8 +257,13 @@ async def run_batches() -> None:
     runs what queued meanwhile together. The next batch is applied while
     Kafka acknowledges this one's commit records (:func:`_finish`)."""
     before: asyncio.Future[None] | None = None
+    later: list[CommandRecord] = []
     while True:
-        records = await intake.next_batch()
+        records, later = _after_answers(later or await intake.next_batch())
+        if not records:  # all of it large and quiet: after the answers of the batch before
+            if before is not None:
+                await asyncio.wait([before])
+            records, later = later, []
         await _in_flight.acquire()
         held = _held_answers.set([])
         pending = None
@@ -263,6 +275,20 @@ async def run_batches() -> None:
             refusals = _held_answers.get() or []
             _held_answers.reset(held)
         before = asyncio.ensure_future(_finish(records, pending, refusals, before))
+
+
+def _after_answers(records: list[CommandRecord]
+                   ) -> tuple[list[CommandRecord], list[CommandRecord]]:
+    """``records`` as two batches, the second the large settlements nobody
+    waits for after the last command somebody does: the event loop runs one
+    batch at a time, and applied in the same batch, they held back the
+    answers for their whole run; applied next, while Kafka acknowledges the
+    first, they held back the acknowledgements' callbacks. So the second
+    runs once the batch before is answered. (Receive 1,000 +
+    complete_messages on Apache Kafka, harness, interleaved phases: ~43,600
+    -> ~47,300 msg/s; each acquire's answer had waited 3-4 ms for the
+    settlement of 1,000 sent after it.)"""
+    return large_tail(records, lambda r: answered_by_no_one(r.key, r.value), LARGE_QUIET_BYTES)
 
 
 async def _finish(records: list[CommandRecord], pending: _Pending | None,

@@ -86,6 +86,19 @@ class CommandRecord:
     log_append_time: bool
 
 
+def large_tail(records: list[CommandRecord], quiet: Callable[[CommandRecord], bool],
+               large: int) -> tuple[list[CommandRecord], list[CommandRecord]]:
+    """``records`` as two batches to apply one after the other: the second
+    is the run of ``quiet`` records (nobody waits for their answers) at the
+    end, if their values hold at least ``large`` bytes; else it is empty."""
+    tail = len(records)
+    while tail and quiet(records[tail - 1]):
+        tail -= 1
+    if sum(len(r.value or b"") for r in records[tail:]) < large:
+        return records, []
+    return records[:tail], records[tail:]
+
+
 class CommandIntake:
     """Reads the commands partitions this worker owns, in batches.
 

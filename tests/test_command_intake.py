@@ -10,7 +10,7 @@ import uuid
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from streams.command_intake import CommandIntake, CommandRecord
+from streams.command_intake import CommandIntake, CommandRecord, large_tail
 from tests.helpers import Broker
 from topics.connection import parse_connection_string
 
@@ -107,3 +107,24 @@ def test_records_nobody_waits_for_are_handed_over_together_and_a_waited_one_ends
     # both handed over together, about 0.6 s after the first was read
     assert third == [b"quiet-3", b"short-1"], third
     assert short - 0.1 < third_s < linger - 1, third_s
+
+
+def test_a_large_tail_nobody_waits_for_is_split_off_to_run_after_the_answers() -> None:
+    """The engine applies the settlements nobody waits for that end a batch
+    after the batch's answers, if they are large; small ones, and those in
+    front of a command somebody waits for, stay in the batch, in order."""
+    def records(*values: bytes) -> list[CommandRecord]:
+        return [CommandRecord(0, offset, b"q#0", value, 0, True)
+                for offset, value in enumerate(values)]
+
+    def split(*values: bytes) -> tuple[list[bytes], list[bytes]]:
+        first, second = large_tail(records(*values), lambda r: (r.value or b"")[:1] == b"q", 10)
+        return [r.value or b"" for r in first], [r.value or b"" for r in second]
+
+    assert split(b"acquire", b"q-settle-1", b"q-settle-2") == (
+        [b"acquire"], [b"q-settle-1", b"q-settle-2"])
+    assert split(b"acquire", b"q-s") == ([b"acquire", b"q-s"], [])  # small: stays
+    assert split(b"q-settle-1", b"acquire") == ([b"q-settle-1", b"acquire"], [])  # in front
+    assert split(b"q-settle-1") == ([], [b"q-settle-1"])
+    assert split(b"acquire", b"q-settle-1", b"answer", b"q-s") == (
+        [b"acquire", b"q-settle-1", b"answer", b"q-s"], [])
