@@ -259,11 +259,14 @@ async def run_batches() -> None:
     before: asyncio.Future[None] | None = None
     later: list[CommandRecord] = []
     while True:
-        records, later = _after_answers(later or await intake.next_batch())
-        if not records:  # all of it large and quiet: after the answers of the batch before
+        if later:  # held back by _after_answers: once the batch before is answered
             if before is not None:
                 await asyncio.wait([before])
-            records, later = later, []
+            records, later = intake.not_read_again(later), []
+        else:
+            records, later = _after_answers(await intake.next_batch())
+        if not records:
+            continue
         await _in_flight.acquire()
         held = _held_answers.set([])
         pending = None

@@ -172,6 +172,13 @@ class CommandIntake:
                 fresh.append(record)
         return fresh
 
+    def not_read_again(self, records: list[CommandRecord]) -> list[CommandRecord]:
+        """Those of ``records``, handed out earlier and held back, that this
+        worker still reads and will not read again: across a rebalance, a
+        partition given up is its new owner's to apply, and one assigned
+        anew is read again from where it was applied up to."""
+        return [r for r in records if self._next.get(r.partition, -1) > r.offset]
+
     def applied(self, records: list[CommandRecord]) -> None:
         """``records`` ran: their offsets may be committed."""
         for record in records:

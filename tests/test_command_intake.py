@@ -128,3 +128,45 @@ def test_a_large_tail_nobody_waits_for_is_split_off_to_run_after_the_answers() -
     assert split(b"q-settle-1") == ([], [b"q-settle-1"])
     assert split(b"acquire", b"q-settle-1", b"answer", b"q-s") == (
         [b"acquire", b"q-settle-1", b"answer", b"q-s"], [])
+
+
+def test_records_held_back_are_applied_only_where_they_will_not_be_read_again(
+        broker: Broker) -> None:
+    """Records handed out and held back (the engine applies a large tail
+    nobody waits for after the batch's answers) are applied after a
+    rebalance only for partitions still read from past them: not for a
+    partition given up (its new owner's), nor for one assigned anew (read
+    again from where it was applied up to)."""
+    settings = parse_connection_string(broker.connection_string(f"t{uuid.uuid4().hex[:8]}"))
+    topic = f"commands-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient(settings.kafka_config())
+    for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        future.result(30)
+    producer = Producer(settings.kafka_config())
+    for i in range(3):
+        producer.produce(topic, f"c{i}".encode(), partition=0)
+    producer.flush(10)
+    intake = CommandIntake(settings, topic, _OffsetsInMemory(), 100)
+
+    async def scenario() -> tuple[list[int], list[int], list[int], list[int]]:
+        await intake.assign({0})
+        records: list[CommandRecord] = []
+        while len(records) < 3:
+            records += await asyncio.wait_for(intake.next_batch(), 10)
+        kept = [r.offset for r in intake.not_read_again(records)]
+        intake.applied(records[:1])
+        await intake.revoke({0})  # commits offset 1
+        given_up = [r.offset for r in intake.not_read_again(records)]
+        await intake.assign({0})
+        assigned_anew = [r.offset for r in intake.not_read_again(records)]
+        again = await asyncio.wait_for(intake.next_batch(), 10)
+        return kept, given_up, assigned_anew, [r.offset for r in again]
+
+    try:
+        kept, given_up, assigned_anew, read_again = asyncio.run(scenario())
+    finally:
+        intake.close()
+    assert kept == [0, 1, 2]
+    assert given_up == []
+    assert assigned_anew == [0]
+    assert read_again == [1, 2]  # from the committed offset 1
