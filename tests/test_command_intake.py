@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.command_intake import CommandIntake, CommandRecord, large_tail
-from tests.helpers import Broker
+from tests.helpers import Broker, one_partition_log
 from topics.connection import parse_connection_string
 
 
@@ -137,15 +137,8 @@ def test_records_held_back_are_applied_only_where_they_will_not_be_read_again(
     rebalance only for partitions still read from past them: not for a
     partition given up (its new owner's), nor for one assigned anew (read
     again from where it was applied up to)."""
-    settings = parse_connection_string(broker.connection_string(f"t{uuid.uuid4().hex[:8]}"))
-    topic = f"commands-{uuid.uuid4().hex[:6]}"
-    admin = AdminClient(settings.kafka_config())
-    for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
-        future.result(30)
-    producer = Producer(settings.kafka_config())
-    for i in range(3):
-        producer.produce(topic, f"c{i}".encode(), partition=0)
-    producer.flush(10)
+    settings, topic, append = one_partition_log(broker)
+    append(3)
     intake = CommandIntake(settings, topic, _OffsetsInMemory(), 100)
 
     async def scenario() -> tuple[list[int], list[int], list[int], list[int]]:
