@@ -36,13 +36,14 @@ def cpu_seconds(pid: int) -> float:
 def threads_cpu_seconds(threads: set[str]) -> float:
     """User + system CPU time of ``threads`` (ids of this process's tasks,
     native ones included: librdkafka's) that are still running: one may end
-    while they are read (CI saw a stat file go between a check that it was
-    there and its read)."""
+    while they are read. Its stat file is then gone (FileNotFoundError) or,
+    ended between the open and the read, fails with ESRCH
+    (ProcessLookupError): CI saw both."""
     ticks = 0
     for tid in threads:
         try:
             ticks += _ticks(Path(f"/proc/self/task/{tid}/stat"))
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             continue
     return ticks / os.sysconf("SC_CLK_TCK")
 
