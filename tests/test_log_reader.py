@@ -6,9 +6,11 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from confluent_kafka import Message, Producer
 
-from settlement._log_reader import ReaderPool
+from settlement import _log_reader
+from settlement._log_reader import Kept, ReaderPool
 from tests.helpers import Broker, one_partition_log
 
 
@@ -108,3 +110,33 @@ def test_a_reader_draining_its_fetch_queue_fast_finds_the_next_records_fetched(
     finally:
         pool.give_back(reader)
         pool.close()
+
+
+def _records(offsets: range) -> list[tuple[int, Message]]:
+    return [(o, Message(topic="t", partition=0, offset=o, value=f"record {o:04}".encode()))
+            for o in offsets]
+
+
+def test_records_a_reader_reads_through_again_are_not_kept_again() -> None:
+    """Receivers competing for a partition read past each other's grants: a
+    reader whose consumer is behind reads through records another read
+    before, kept then or taken since. Kept again, a taken one would be a copy
+    for nobody (make bench's client held 18,000 of them by its asyncio phase)."""
+    kept = Kept()
+    kept.keep(_records(range(10, 100)), range(0, 100))  # a read of 0-9 read past 10-99
+    assert set(kept.take(list(range(10, 50)))) == set(range(10, 50))  # another's grants
+    # a reader behind reads through 0-119 for its grants 120-149
+    kept.keep(_records(range(0, 120)), range(0, 150))
+    assert set(kept.peek(range(0, 200))) == set(range(50, 120))
+
+
+def test_records_gone_from_the_keep_are_kept_again_when_read_through_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its bound the keep lets its oldest records go: a read through
+    them again keeps them again, for the readers that still want them."""
+    monkeypatch.setattr(_log_reader, "_AHEAD_BYTES", 50 * len(b"record 0100"))
+    kept = Kept()
+    kept.keep(_records(range(0, 100)), range(0, 100))
+    assert set(kept.peek(range(0, 100))) == set(range(50, 100))
+    kept.keep(_records(range(0, 10)), range(0, 10))
+    assert set(kept.peek(range(0, 10))) == set(range(0, 10))
