@@ -96,7 +96,7 @@ class Usage:
             except FileNotFoundError:  # the listing's own descriptor
                 continue
             inode = re.fullmatch(r"socket:\[(\d+)\]", target)
-            if inode:  # socket:[1234] -> "socket tcp 127.0.0.1:41234->127.0.0.1:9092 01"
+            if inode:  # socket:[1234] -> "socket tcp :41234->:9092 01"
                 kinds.append(f"socket {peers.get(inode[1], '?')}")
             else:
                 kinds.append(re.sub(r":\[\d+\]$", "", target))  # pipe:[1234] -> pipe

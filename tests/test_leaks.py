@@ -61,7 +61,8 @@ def test_a_client_that_reads_many_queues_keeps_a_bounded_number_of_readers(
         conn: str, admin: Any, queue_name: str) -> None:
     """A client keeps at most IDLE_READERS idle log readers (librdkafka
     consumers): reading four more queues once that many were read leaves its
-    threads, descriptors and sockets as they were."""
+    threads and descriptors as they were, and its connections within what
+    its librdkafka broker threads hold."""
     queues = tuple(f"{queue_name}-{i}" for i in range(IDLE_READERS + 4))
     for queue in queues:
         admin.create_queue(queue)
