@@ -127,17 +127,16 @@ class EntityRegistry:
     def subscriptions_of(self, topic: str, *, fresh: bool = True
                          ) -> list[SubscriptionProperties]:
         """The subscriptions of ``topic``, by name."""
-        if fresh or self._stale():
-            self._refresh()
+        self._refresh_unless_recent(fresh)
         prefix = topic + names.SUBSCRIPTIONS
         return sorted((copy.deepcopy(v) for k, v in self._cache.items() if k.startswith(prefix)
                        and isinstance(v, SubscriptionProperties)), key=lambda s: s.name)
 
     def rules_of(self, topic: str, subscription: str, *, fresh: bool = True
                  ) -> list[RuleProperties]:
-        """The rules of a subscription, by name."""
-        if fresh or self._stale():
-            self._refresh()
+        """The rules of a subscription, by name (``fresh`` False: as read in
+        the last :data:`_CACHE_SECONDS`)."""
+        self._refresh_unless_recent(fresh)
         prefix = names.subscription_path(topic, subscription) + names.RULES
         return sorted((copy.deepcopy(v) for k, v in self._cache.items() if k.startswith(prefix)
                        and isinstance(v, RuleProperties)), key=lambda r: r.name)
@@ -146,6 +145,17 @@ class EntityRegistry:
         """Whether a definition has this key (queues and topics share one namespace)."""
         self._refresh()
         return name in self._cache
+
+    def _refresh_unless_recent(self, fresh: bool) -> None:
+        """Read on if ``fresh``, or if what was read is stale; then a read
+        that began just before will do: the receivers of a topic's ten
+        subscriptions, all looking up their rules at their first messages,
+        each read the log end in turn otherwise (65-97 ms each of a 0.8 s
+        drain)."""
+        if fresh:
+            self._refresh()
+        elif self._stale():
+            self._refresh(_FRESH_S)
 
     def _stale(self) -> bool:
         return time.monotonic() - self._loaded_at > _CACHE_SECONDS

@@ -36,7 +36,8 @@ class SubscriptionRules:
 
     def _current(self) -> RuleSet:
         if self._rules is None or time.monotonic() - self._read_at > _REFRESH_S:
-            specs = [r.spec() for r in self._registry.rules_of(self._topic, self._subscription)]
+            specs = [r.spec() for r in self._registry.rules_of(self._topic, self._subscription,
+                                                                 fresh=False)]
             self._rules, self._read_at = RuleSet(specs), time.monotonic()
         return self._rules
 
