@@ -111,10 +111,10 @@ class Kept:
                 self.record_bytes += (size - self.record_bytes) / 64
                 self._records[offset] = record
                 self._bytes += size
-            if through.start <= before.stop and before.start <= through.stop:
+            if through and through.start <= before.stop and before.start <= through.stop:
                 self._read = range(min(before.start, through.start),
                                    max(before.stop, through.stop))
-            else:  # a seek away: what was read through before is forgotten
+            elif through:  # a seek away: what was read through before is forgotten
                 self._read = through
             while self._bytes > _AHEAD_BYTES:
                 offset, record = self._records.popitem(last=False)

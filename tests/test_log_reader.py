@@ -125,6 +125,7 @@ def test_records_a_reader_reads_through_again_are_not_kept_again() -> None:
     kept = Kept()
     kept.keep(_records(range(10, 100)), range(0, 100))  # a read of 0-9 read past 10-99
     assert set(kept.take(list(range(10, 50)))) == set(range(10, 50))  # another's grants
+    kept.keep([], range(500, 500))  # a reader that sought away and read nothing yet
     # a reader behind reads through 0-119 for its grants 120-149
     kept.keep(_records(range(0, 120)), range(0, 150))
     assert set(kept.peek(range(0, 200))) == set(range(50, 120))
