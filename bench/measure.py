@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 import urllib.request
@@ -102,23 +103,57 @@ class Phase:
                 "unit": self.unit, "cpu_cores": self.cpu, "check": self.check, **self.extra}
 
 
+#: the key of :attr:`Timed.cpu` for the client's garbage collections
+CLIENT_GC = "client_gc"
+
+
+class GcClock:
+    """Wall seconds this process spends in the garbage collector's
+    collections while it runs (``gc.callbacks``): a collection holds the
+    GIL, so the client's every thread waits through it."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._began = 0.0
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._began
+
+    def start(self) -> None:
+        gc.callbacks.append(self._note)
+
+    def stop(self) -> None:
+        if self._note in gc.callbacks:
+            gc.callbacks.remove(self._note)
+
+
 class Timed:
-    """``with Timed(meter) as t:`` gives ``t.seconds`` and ``t.cpu`` afterwards."""
+    """``with Timed(meter) as t:`` gives ``t.seconds`` and ``t.cpu`` afterwards;
+    where this process is the meter's ``client``, ``t.cpu`` also holds
+    :data:`CLIENT_GC`: the share of the clock its garbage collections took
+    (cores, as the others: seconds over the wall seconds)."""
 
     def __init__(self, meter: CpuMeter) -> None:
         self.meter = meter
         self.seconds = 0.0
         self.cpu: dict[str, float] = {}
         self.end: float | None = None  # set to stop the clock before the block ends
+        self.gc = GcClock()
 
     def __enter__(self) -> Timed:
         self._cpu0 = self.meter.snapshot()
+        if self.meter.pids.get("client") == os.getpid():
+            self.gc.start()
         self.start = time.perf_counter()
         return self
 
     def stop(self) -> None:
         if self.end is None:
             self.end = time.perf_counter()
+            self.gc.stop()
             self._cpu1 = self.meter.snapshot()
 
     def __exit__(self, *exc: object) -> None:
@@ -126,6 +161,8 @@ class Timed:
         assert self.end is not None
         self.seconds = self.end - self.start
         self.cpu = CpuMeter.usage(self._cpu0, self._cpu1, self.seconds)
+        if self.meter.pids.get("client") == os.getpid() and self.seconds > 0:
+            self.cpu[CLIENT_GC] = round(self.gc.seconds / self.seconds, 3)
 
 
 def percentile(samples: list[float], q: float) -> float:

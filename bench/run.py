@@ -63,6 +63,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.brokers import add_broker_argument, broker_label, broker_pid, new_broker, results_path
 from bench.measure import (
+    CLIENT_GC,
     CpuMeter,
     EngineDurations,
     Phase,
@@ -836,6 +837,15 @@ def render_targets(phases: dict[str, Phase]) -> list[str]:
     return lines
 
 
+def gc_note(cpu: dict[str, float]) -> str:
+    """What the client's garbage collections took of a phase, where measured
+    and 1 % or more."""
+    share = cpu.get(CLIENT_GC)
+    return ("" if share is None or share < 0.01 else
+            f"; the client's garbage collections took {share:.0%} of the phase, every "
+            "thread of it waiting")
+
+
 def why_missed(target: Target, phases: dict[str, Phase]) -> str:
     """The figures of this run that bound the missed one."""
     latency, trip = phases["settle_latency"].extra, phases["raw_round_trip"].extra
@@ -866,6 +876,7 @@ def why_missed(target: Target, phases: dict[str, Phase]) -> str:
         load += (f"; together they keep {total:.2f} of the {machine} cores busy: the "
                  f"machine's CPU bounds it, {total / p.rate * 1e6:,.0f} µs of CPU a "
                  f"message ({per_message})")
+    load += gc_note(p.cpu)
     if "callers" in p.extra:
         callers = p.extra["callers"]
         who = ("one caller waits for each answer" if callers == 1 else

@@ -61,7 +61,7 @@ from typing import Any
 
 from bench import filters
 from bench.brokers import add_broker_argument, broker_label, broker_pid, new_broker, results_path
-from bench.measure import CpuMeter, Phase, Timed, warm_line, warm_up
+from bench.measure import CLIENT_GC, CpuMeter, Phase, Timed, warm_line, warm_up
 from bench.run import (
     IDLE_S,
     LOCK_SECONDS,
@@ -400,6 +400,10 @@ def render(result: dict[str, Any]) -> str:
         qs["rate"], "/s", ts["cpu_cores"], ratio_target(ts["rate"], qs["rate"]))
     row("end of publishing -> every subscription drained", ts["publish_end_to_all_drained_s"],
         qs["seconds"], "s", {})
+    if CLIENT_GC in ts["cpu_cores"] and CLIENT_GC in qs["cpu_cores"]:
+        lines.append(f"  the client's garbage collections took {ts['cpu_cores'][CLIENT_GC]:.0%} "
+                     f"of the drain, {qs['cpu_cores'][CLIENT_GC]:.0%} of the queue's settling "
+                     "(every thread of the client waits through one)")
     lines.append("  (the drain includes the log scanner's filter evaluation: a message is "
                  "handed out only once its subscription's rules have been evaluated)")
     per = ts["drained_after_publish_s"]

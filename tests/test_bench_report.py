@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
-from bench.measure import Phase
+from bench.measure import CLIENT_GC, CpuMeter, Phase, Timed
 from bench.run import TARGETS, why_missed
 
 
@@ -32,3 +33,33 @@ def test_processes_that_share_the_machine_s_busy_cores_are_called_cpu_bound() ->
     idle = why_missed(threads, _phases(0.1, 0.1, 0.1))
     assert "neither the client nor the engine fills a core" in idle
     assert "together" not in idle
+
+
+def _collect_cycles() -> None:
+    """Make garbage only the collector frees (cycles), and collect it."""
+    for _ in range(20):
+        cycles = [[] for _ in range(5_000)]
+        for a in cycles:
+            a.append(a)
+        del cycles
+        gc.collect()
+
+
+def test_a_phase_measures_the_time_the_client_s_garbage_collections_took() -> None:
+    callbacks = len(gc.callbacks)
+    with Timed(CpuMeter({"client": os.getpid()})) as timed:
+        _collect_cycles()
+    share = timed.cpu[CLIENT_GC]
+    assert 0 < share <= 1, share
+
+    threads = next(t for t in TARGETS if t.phase == "peek_lock_threads")
+    phases = _phases(0.1, 0.1, 0.1)
+    phases["peek_lock_threads"].cpu[CLIENT_GC] = 0.23
+    assert "the client's garbage collections took 23% of the phase" in why_missed(threads,
+                                                                                  phases)
+
+    # another process's meter: this process is not its client
+    with Timed(CpuMeter({"client": os.getppid()})) as other:
+        _collect_cycles()
+    assert CLIENT_GC not in other.cpu
+    assert len(gc.callbacks) == callbacks  # each clock stopped with its phase
