@@ -548,5 +548,11 @@ def _all_ok(cmd: Command[ClientArgs]) -> Reply:
     for every item (it applies each, since each lock held when it was
     appended)."""
     assert isinstance(cmd.args, SettleArgs)
+    # one pair for them all, read and never changed: a list each was a
+    # thousand objects more for the garbage collector in a settlement of 1,000
     return Reply(cmd.id, cmd.reply.client if cmd.reply else "", True,
-                 {"results": [["ok", 0] for _ in cmd.args.items]})
+                 {"results": [_OK] * len(cmd.args.items)})
+
+
+#: the answer of each item of a settlement final once appended
+_OK = ("ok", 0)

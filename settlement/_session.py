@@ -183,7 +183,7 @@ class ServiceBusSession:
                 "when it closes, or receive NEXT_AVAILABLE_SESSION")
         self._session_id, self._token = result["session"], result["token"]
         self._until = utc_from_ms(result["until"])
-        return reply.grants if "grants" in result else []
+        return reply.grants
 
     def lost(self) -> SessionLockLostError:
         """The error for an operation under a lock that is gone; the session

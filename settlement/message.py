@@ -206,22 +206,34 @@ class ServiceBusReceivedMessage(ServiceBusMessage):
     _lock_spent: bool = False
     #: the application properties as the record gave them, until first read
     _decoded_properties: dict[str, Any] | None = None
+    _application_properties: dict[str, Any] | None = None
 
     def __init__(self, body: bytes, **kwargs: Any) -> None:
         # The record was checked when it was decoded: no second validation of
         # every field, which would cost more than decoding on batch receives.
-        fields = self.__dict__
-        fields.update(kwargs)
-        fields["_body"] = body
-        if "body_type" in fields:
-            fields["_body_type"] = fields.pop("body_type")
-        decoded = fields.pop("application_properties", None)
+        # Set one by one, never through self.__dict__: CPython keeps the
+        # attributes in the object until its __dict__ is asked for, and a
+        # __dict__ made is one more object per message for the garbage
+        # collector (held.py-style census of a receive of 1,000: 2 -> 1).
+        if "body_type" in kwargs:
+            self._body_type = kwargs.pop("body_type")
+        decoded = kwargs.pop("application_properties", None)
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+        self._body = body
         if decoded:
-            fields["_decoded_properties"] = decoded
-        fields["enqueued_sequence_number"] = kwargs["sequence_number"]
-        fields["_granted_token"] = kwargs.get("lock_token")
+            self._decoded_properties = decoded
+        self.enqueued_sequence_number: int = kwargs["sequence_number"]
+        self._granted_token = kwargs.get("lock_token")
         self.sequence_number: int
-        self.enqueued_sequence_number: int
+
+    def _deliver(self, **delivery: Any) -> None:
+        """Set what the engine's grant says of this delivery (lock token, lock
+        end, delivery count...) on a message built from its record before the
+        grant came (a receive's read-ahead)."""
+        for name, value in delivery.items():
+            setattr(self, name, value)
+        self._granted_token = self.lock_token
 
     @property
     def application_properties(self) -> dict[str, Any]:
@@ -232,16 +244,14 @@ class ServiceBusReceivedMessage(ServiceBusMessage):
         batch (a harness of receive 1,000 + complete_messages on Apache
         Kafka: the client's collections took 80-110 ms of a 0.5 s drain of
         20,000 messages, full ones 50-84 ms)."""
-        fields = self.__dict__
-        if "_application_properties" not in fields:
-            fields["_application_properties"] = ReceivedProperties(
-                fields.pop("_decoded_properties", None) or {})
-        props: dict[str, Any] = fields["_application_properties"]
-        return props
+        if self._application_properties is None:
+            self._application_properties = ReceivedProperties(self._decoded_properties or {})
+            self._decoded_properties = None
+        return self._application_properties
 
     @application_properties.setter
     def application_properties(self, value: dict[str, Any]) -> None:
-        self.__dict__["_application_properties"] = value
+        self._application_properties = value
 
     def _annotations(self) -> dict[str, Any]:
         received = {"x-opt-sequence-number": self.sequence_number,

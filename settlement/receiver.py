@@ -331,7 +331,7 @@ class ServiceBusReceiver:
         hw = reader.high_watermark() if self._sub == "active" else 0
         cmd = self._link.command(self._entity, partition, AcquireArgs(
             self._sub, self.receive_mode.value, want, hw))
-        ahead: dict[int, message_records.Contents] = {}
+        ahead: dict[int, ServiceBusReceivedMessage] = {}
         answer = self._link.start_call(cmd, meanwhile=self._ahead_of_grants(
             reader, partition, want, ahead))
 
@@ -346,12 +346,14 @@ class ServiceBusReceiver:
         return messages
 
     def _ahead_of_grants(self, reader: PartitionReader, partition: int, want: int,
-                         into: dict[int, message_records.Contents]
+                         into: dict[int, ServiceBusReceivedMessage]
                          ) -> Callable[[], None] | None:
         """While the engine locks the next ``want`` messages of a partition
         this receiver drains in order: read the records its grants most
         likely name (those after its last ones) from what the reader holds
-        already, into ``into`` (offset -> contents). A receive of hundreds
+        already, into ``into`` (offset -> the message, its delivery not yet
+        set: built now rather than kept as the record's contents, two
+        objects more per message for the garbage collector). A receive of hundreds
         then reads while the engine works instead of after (a harness of
         receive 1,000 + complete_messages on Apache Kafka: building the
         messages after the grants came was 31-36 % of each round, 19-23 %
@@ -371,9 +373,9 @@ class ServiceBusReceiver:
                 return
             for offset, record in records.items():
                 try:
-                    into[offset] = message_records.contents(
+                    into[offset] = message_records.received(message_records.contents(
                         record.value(), record.headers(), record.timestamp()[1], partition,
-                        offset)
+                        offset))
                 except MalformedRecord:  # dead-lettered when granted, as it is read again
                     continue
         return read
@@ -396,14 +398,14 @@ class ServiceBusReceiver:
         return self._materialize(partition, reply.grants)
 
     def _materialize(self, partition: int, grants: list[Grant], *, peeked: bool = False,
-                     ahead: dict[int, message_records.Contents] | None = None
+                     ahead: dict[int, ServiceBusReceivedMessage] | None = None
                      ) -> list[ServiceBusReceivedMessage]:
         """Read the granted records and build the messages. Records that must
         not reach the application are settled here instead: a record that
         breaks the wire format is dead-lettered, an expired message expires, a
         message not yet due is parked until it is, an offset with no record is
         completed. Peeked records are shown as they are. ``ahead``: the
-        contents of records read while the grants were on their way."""
+        messages of records read while the grants were on their way."""
         if not grants:
             return []
         records = self._reader(partition).read([g.offset for g in grants])
@@ -431,18 +433,20 @@ class ServiceBusReceiver:
                 "dead_letter_error_description": grant.description,
                 "dead_letter_source": grant.source, "state": message_records.STATES[grant.state],
             }
-            read = ahead.get(offset) if ahead else None
-            try:
-                message = message_records.received(
-                    read or message_records.contents(
+            message = ahead.pop(offset, None) if ahead else None
+            if message is not None:
+                message._deliver(**delivery)
+            else:
+                try:
+                    message = message_records.received(message_records.contents(
                         record.value(), record.headers(), record.timestamp()[1], partition,
                         offset, lenient=peeked or self._sub != "active"), **delivery)
-            except MalformedRecord as exc:
-                log.warning("dead-lettering malformed record %s[%d]@%d: %s",
-                            self._topic, partition, offset, exc)
-                withheld.append(SettleItem(offset, token, Action.DEAD_LETTER, exc.reason,
-                                           str(exc)))
-                continue
+                except MalformedRecord as exc:
+                    log.warning("dead-lettering malformed record %s[%d]@%d: %s",
+                                self._topic, partition, offset, exc)
+                    withheld.append(SettleItem(offset, token, Action.DEAD_LETTER, exc.reason,
+                                               str(exc)))
+                    continue
             self._apply_queue_ttl(message)
             if self._rules is not None:
                 self._rules.apply_actions(message, record)

@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any, ClassVar, Generic, Self, TypeGuard, TypeVar
@@ -660,15 +660,22 @@ class Reply:
 
     @functools.cached_property
     def grants(self) -> list[Grant]:
-        """What an acquire handed out, decoded once: a receive reads them
-        four times (a thousand grants took 0.56 ms each time)."""
-        return [Grant.from_wire(g) for g in self.result["grants"]]
+        """What an acquire handed out (none if it handed out nothing),
+        decoded once: a receive reads them four times (a thousand grants took
+        0.56 ms each time). Each list is let go as its grant is made: kept
+        beside the grants, they were a thousand more objects for the
+        client's garbage collector while a receive of 1,000 was read."""
+        wire: list[list[Any]] = self.result.pop("grants", [])
+        wire.reverse()
+        return [Grant.from_wire(wire.pop()) for _ in range(len(wire))]
 
     @property
-    def statuses(self) -> list[tuple[str, int]]:
-        """A settle's, announce's or cancel's answer per item: ``(status, until)``
-        with status ok, lock_lost or invalid."""
-        return [(status, until) for status, until in self.result.get("results", [])]
+    def statuses(self) -> Iterator[tuple[str, int]]:
+        """A settle's, announce's or cancel's answer per item, in order:
+        ``(status, until)`` with status ok, lock_lost or invalid. One at a
+        time: a list of a thousand pairs was a thousand more objects for the
+        client's garbage collector."""
+        return ((status, until) for status, until in self.result.get("results", ()))
 
 
 def acquire_result(grants: list[Grant], next_offset: int, batch: int | None = None
