@@ -214,7 +214,7 @@ class ServiceBusReceivedMessage(ServiceBusMessage):
         # Set one by one, never through self.__dict__: CPython keeps the
         # attributes in the object until its __dict__ is asked for, and a
         # __dict__ made is one more object per message for the garbage
-        # collector (held.py-style census of a receive of 1,000: 2 -> 1).
+        # collector (counted after a receive of 1,000: 2 objects a message -> 1).
         if "body_type" in kwargs:
             self._body_type = kwargs.pop("body_type")
         decoded = kwargs.pop("application_properties", None)
