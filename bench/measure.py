@@ -141,11 +141,12 @@ class Timed:
         self.seconds = 0.0
         self.cpu: dict[str, float] = {}
         self.end: float | None = None  # set to stop the clock before the block ends
-        self.gc = GcClock()
+        #: None where the meter's client is another process
+        self.gc = GcClock() if meter.pids.get("client") == os.getpid() else None
 
     def __enter__(self) -> Timed:
         self._cpu0 = self.meter.snapshot()
-        if self.meter.pids.get("client") == os.getpid():
+        if self.gc is not None:
             self.gc.start()
         self.start = time.perf_counter()
         return self
@@ -153,7 +154,8 @@ class Timed:
     def stop(self) -> None:
         if self.end is None:
             self.end = time.perf_counter()
-            self.gc.stop()
+            if self.gc is not None:
+                self.gc.stop()
             self._cpu1 = self.meter.snapshot()
 
     def __exit__(self, *exc: object) -> None:
@@ -161,7 +163,7 @@ class Timed:
         assert self.end is not None
         self.seconds = self.end - self.start
         self.cpu = CpuMeter.usage(self._cpu0, self._cpu1, self.seconds)
-        if self.meter.pids.get("client") == os.getpid() and self.seconds > 0:
+        if self.gc is not None and self.seconds > 0:
             self.cpu[CLIENT_GC] = round(self.gc.seconds / self.seconds, 3)
 
 
