@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
@@ -289,7 +289,16 @@ def _check_replicas_and_write(bootstrap: str) -> None:
         time.sleep(0.1)
     assert sorted(partitions[0].replicas) == [1, 2, 3]
     resource = ConfigResource(ConfigResource.Type.TOPIC, "kept")
-    config = admin.describe_configs([resource])[resource].result(10)
+    # The broker asked may answer UNKNOWN_TOPIC_OR_PART a moment longer still.
+    while True:
+        try:
+            config = admin.describe_configs([resource])[resource].result(10)
+            break
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+            assert time.monotonic() < deadline, "describe_configs does not know 'kept' after 30 s"
+            time.sleep(0.1)
     assert config["min.insync.replicas"].value == "2"
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
     for i in range(100):
