@@ -108,9 +108,17 @@ CLIENT_GC = "client_gc"
 
 
 class GcClock:
-    """Wall seconds this process spends in the garbage collector's
+    """CPU seconds this process spends in the garbage collector's
     collections while it runs (``gc.callbacks``): a collection holds the
-    GIL, so the client's every thread waits through it."""
+    GIL, so the client's every thread waits through it.
+
+    The collecting thread's CPU time, not the wall clock: these callbacks
+    are Python code, where a thread hands the GIL to one that asked for it
+    and waits to get it back. Measured 2026-12-01 (ten subscriptions'
+    drain, a harness): 28 young-generation-1 collections took 0.205 s by
+    the wall clock and 0.045 s of CPU, with 30 voluntary context switches
+    inside them and nothing collected; a thread can only block there in the
+    callbacks. By the wall clock the bench printed 45 % of the drain."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -118,9 +126,9 @@ class GcClock:
 
     def _note(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            self._began = time.perf_counter()
+            self._began = time.thread_time()
         else:
-            self.seconds += time.perf_counter() - self._began
+            self.seconds += time.thread_time() - self._began
 
     def start(self) -> None:
         gc.callbacks.append(self._note)
@@ -134,7 +142,7 @@ class Timed:
     """``with Timed(meter) as t:`` gives ``t.seconds`` and ``t.cpu`` afterwards;
     where this process is the meter's ``client``, ``t.cpu`` also holds
     :data:`CLIENT_GC`: the share of the clock its garbage collections took
-    (cores, as the others: seconds over the wall seconds)."""
+    (their CPU seconds over the wall seconds, as the cores of the others)."""
 
     def __init__(self, meter: CpuMeter) -> None:
         self.meter = meter
