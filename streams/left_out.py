@@ -14,10 +14,10 @@ bound of their drain: 0.2 of a plain queue's rate).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 from streams.store import Txn
+from topics import jsonbytes
 from topics.runs import run_pairs
 
 #: ranges one block key holds (a few kilobytes of JSON)
@@ -45,14 +45,13 @@ class LeftOutBlocks:
     def _block(self, block: int, raw: bytes | None = None) -> list[int]:
         if block not in self._blocks:
             raw = raw if raw is not None else self._txn.get(self._key(block))
-            self._blocks[block] = json.loads(raw) if raw else []
+            self._blocks[block] = jsonbytes.loads(raw) if raw else []
         return self._blocks[block]
 
     def flush(self) -> None:
         """Write the blocks this command changed (once each, at its end)."""
         for block in self._dirty:
-            self._txn.put(self._key(block), json.dumps(
-                self._blocks[block], separators=(",", ":")).encode())
+            self._txn.put(self._key(block), jsonbytes.dumps(self._blocks[block]))
         self._dirty.clear()
 
     def extend(self, runs: list[int], tail: int) -> int:

@@ -21,11 +21,11 @@ from __future__ import annotations
 import base64
 import bisect
 import hashlib
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from streams.store import Txn
+from topics import jsonbytes
 
 #: most offsets in one stored list of a session's pending offsets
 LIST_MAX = 1024
@@ -55,13 +55,12 @@ class Session:
         return self.batch != 0 and self.until > now
 
     def encode(self) -> bytes:
-        return json.dumps([self.pending, self.batch, self.until, self.first, self.state_size,
-                           self.state_at, self.bounds, self.inline],
-                          separators=(",", ":")).encode()
+        return jsonbytes.dumps([self.pending, self.batch, self.until, self.first,
+                                self.state_size, self.state_at, self.bounds, self.inline])
 
     @classmethod
     def decode(cls, session_id: str, raw: bytes) -> Session:
-        fields = json.loads(raw)
+        fields = jsonbytes.loads(raw)
         if len(fields) == 7:  # stored before offsets were kept in the record
             fields.append(None if fields[6] else [])
         return cls(session_id, *fields)
@@ -205,7 +204,7 @@ class SessionIndex:
         offsets = self._lists.get(key)
         if offsets is None:
             raw = self._txn.get(key)
-            offsets = self._lists[key] = json.loads(raw) if raw else []
+            offsets = self._lists[key] = jsonbytes.loads(raw) if raw else []
         return offsets
 
     # -------------------------------------------------------------------- lock
@@ -277,7 +276,7 @@ class SessionIndex:
         for key in self._dirty_lists:
             offsets = self._lists[key]
             if offsets:
-                self._txn.put(key, json.dumps(offsets, separators=(",", ":")).encode())
+                self._txn.put(key, jsonbytes.dumps(offsets))
             else:
                 self._txn.delete(key)
         self._dirty_lists.clear()
