@@ -610,4 +610,4 @@ def _in_session(read: _Read, item: Item, partitions: int) -> Item:
             f"session {session!r} lives in partition {home}, but this record is in partition "
             f"{record.partition()}: key session messages by their session id with Kafka's "
             "murmur2 partitioner (confluent-kafka: partitioner=murmur2_random)"))
-    return replace(item, session=session)
+    return item.with_session(session)

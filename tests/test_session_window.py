@@ -4,6 +4,7 @@ order, exclusivity, lapses, state, listing, and what idle sessions cost."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import itertools
 import json
 import time
@@ -236,3 +237,13 @@ def test_a_session_stored_before_its_record_kept_offsets_reads_from_its_lists() 
     index.flush()
     assert [k for k in txn.writes if b"\x00p" in k and txn.writes[k] is not None] == []
     assert session_index.Session.decode("old", txn.get(b"q#0\x00sold") or b"").inline == [12]
+
+
+def test_an_item_given_its_session_keeps_everything_else() -> None:
+    """``Item.with_session`` makes the item field by field (faster than
+    ``dataclasses.replace``): a field added to Item must be added there too."""
+    item = Item(7, expires=10, due=20, mark=NO_SESSION, error="why")
+    given = item.with_session("s-1")
+    assert given == dataclasses.replace(item, session="s-1")
+    assert [f.name for f in dataclasses.fields(Item)] == [
+        "offset", "expires", "due", "mark", "error", "session"]
