@@ -98,7 +98,7 @@ def _backlog_of(queue: str, waiting: int) -> Callable[[dict[str, Table]], bool]:
     run (2026-11-30) printed the queue in the backlog with 20 of the 30
     messages there, from a status record reported 2 s after the failover,
     and failed: the check waited for the mode alone, and the cause was not
-    found (six runs here, three under full CPU load, showed 30). Waiting for
+    found (ten runs here, six of them beside three CPU burners, showed 30). Waiting for
     the total as well, and the client's own count above, say which side is
     short should it recur."""
     in_backlog = _mode(queue, "backlog")
