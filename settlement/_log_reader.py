@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from settlement.exceptions import ServiceBusCommunicationError, denied
 from topics.connection import ConnectionSettings
 from topics.names import entity_of_log
-from topics.offsets import OFFSET_UNKNOWN, offset_of, take
+from topics.offsets import OFFSET_UNKNOWN, listed_end, offset_of, take
 
 #: most bytes of records read past and kept for later reads: the size of
 #: librdkafka's own fetch queue by default (``queued.max.messages.kbytes``)
@@ -138,7 +138,7 @@ class PartitionReader:
         self._fetch_waits = settings.profile.wakes_waiting_fetches
         self._consumer = Consumer(self._config)
         try:
-            lower = self._consumer.get_watermark_offsets(self._tp, timeout=10)[1]
+            lower = listed_end(self._consumer, (topic, partition), time.monotonic() + 10)
         except KafkaException:
             self._raise_if_denied(self._consumer.list_topics(topic, timeout=10).topics[topic].error)
             raise

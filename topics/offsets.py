@@ -61,7 +61,7 @@ def log_end_offsets(consumer: Consumer, partitions: list[tuple[str, int]], *, ex
     ``consumer`` must be a consumer used only for this (it is re-assigned).
     """
     deadline = time.monotonic() + timeout
-    lower = {tp: _listed_end(consumer, tp, deadline) for tp in partitions}
+    lower = {tp: listed_end(consumer, tp, deadline) for tp in partitions}
     if exact:
         return lower
     consumer.assign([TopicPartition(t, p, max(0, lower[(t, p)] - 1)) for t, p in partitions])
@@ -99,10 +99,12 @@ def committed_offsets(config: dict[str, Any], group: str, topic: str, partitions
     return found
 
 
-def _listed_end(consumer: Consumer, tp: tuple[str, int], deadline: float) -> int:
-    """ListOffsets(latest), asked again while the broker answers with a
-    retriable error: a topic created a moment ago may have no leader yet
-    (Apache Kafka says "Not leader for partition" until metadata spreads).
+def listed_end(consumer: Consumer, tp: tuple[str, int], deadline: float) -> int:
+    """ListOffsets(latest), asked again until ``deadline`` (``time.monotonic``)
+    while the broker answers with a retriable error: a topic created a moment
+    ago may have no leader yet (Apache Kafka says "Not leader for partition"
+    until metadata spreads), nor may a broker the controller fenced while it
+    was stopped and is taking back (tests/test_pairing.py resumes one so).
 
     One request: ``offsets_for_times`` with the timestamp -1 (latest), where
     ``get_watermark_offsets`` asks for the log start too, in a request of its
