@@ -140,7 +140,11 @@ class PartitionReader:
         try:
             lower = listed_end(self._consumer, (topic, partition), time.monotonic() + 10)
         except KafkaException:
-            self._raise_if_denied(self._consumer.list_topics(topic, timeout=10).topics[topic].error)
+            try:
+                self._raise_if_denied(
+                    self._consumer.list_topics(topic, timeout=10).topics[topic].error)
+            finally:  # nobody gets this reader to close: its consumer goes now
+                self._consumer.close()
             raise
         self._position = max(0, lower - 1)
         self._consumer.assign([TopicPartition(topic, partition, self._position)])
