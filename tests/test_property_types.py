@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import math
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -64,6 +65,19 @@ def test_the_header_is_plain_json_with_tagged_values_any_client_can_write() -> N
     got = decode(b"x", written_elsewhere, 0, 0, 1)
     assert got.application_properties == {"plain": "as before", "n": 3, "id": ID,
                                           "other": {"kept": "as is"}}
+
+
+def test_numbers_come_back_as_sent_however_large() -> None:
+    """Integers past 64 bits stay integers (exactly), floats keep every bit,
+    NaN and infinities come back: what ``json`` wrote is what is read."""
+    for sent in ({"big": 2**70, "low": -(2**64) - 1, "edge": 2**63, "n": 7},
+                 {"third": 1 / 3, "tiny": 5e-324, "long_text": "1" * 25, "max": 2**63 - 1},
+                 {"inf": float("inf"), "minus": -float("inf")}):
+        got = _through_a_record(ServiceBusMessage("x", application_properties=sent))
+        assert got.application_properties == sent
+        assert _types(got.application_properties) == _types(sent)
+    nan = _through_a_record(ServiceBusMessage("x", application_properties={"nan": float("nan")}))
+    assert math.isnan(nan.application_properties["nan"])
 
 
 def test_a_tag_that_cannot_be_read_makes_the_record_malformed() -> None:

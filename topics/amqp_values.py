@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from topics import jsonbytes
 from topics.times import epoch_ms, utc_from_ms
 
 BINARY, UUID, TIMESTAMP, MAP = "$binary", "$uuid", "$timestamp", "$map"
@@ -117,5 +118,7 @@ def dumps(value: Any, where: str) -> bytes:
 
 
 def loads(raw: bytes | str) -> Any:
-    """What :func:`dumps` wrote; ValueError for text that is not such JSON."""
-    return from_json(json.loads(raw))
+    """What :func:`dumps` wrote; ValueError for text that is not such JSON.
+    Through orjson where it reads the same values (a received message's
+    application properties: 2.7 -> 1.3 us)."""
+    return from_json(jsonbytes.loads_exact(raw))

@@ -11,6 +11,7 @@ back).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
@@ -37,3 +38,20 @@ def loads(raw: bytes | bytearray | str) -> Any:
         # json reads what orjson refuses (a lone surrogate's escape, NaN):
         # what was accepted stays accepted, and what was not raises as before.
         return json.loads(raw)
+
+
+#: 19 digits in a row: perhaps an integer past 64 bits, which orjson reads
+#: as a float (every integer of 18 digits or fewer fits in 64 bits)
+_LONG_DIGITS = re.compile(r"\d{19}")
+_LONG_DIGITS_BYTES = re.compile(rb"\d{19}")
+
+
+def loads_exact(raw: bytes | bytearray | str) -> Any:
+    """As :func:`loads`, but integers of any size are read exactly, as
+    ``json.loads`` reads them: for values applications gave (application
+    properties, VALUE bodies), which ``json`` wrote. Text with a long run
+    of digits goes to ``json`` (it may be in a string: read the slower way,
+    the same values)."""
+    long = (_LONG_DIGITS.search(raw) if isinstance(raw, str)
+            else _LONG_DIGITS_BYTES.search(raw))
+    return json.loads(raw) if long else loads(raw)
