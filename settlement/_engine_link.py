@@ -26,7 +26,6 @@ from confluent_kafka import (
     TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
     KafkaError,
-    KafkaException,
     Message,
     Producer,
     TopicPartition,
@@ -55,7 +54,7 @@ from topics.commands import (
 )
 from topics.connection import ConnectionSettings
 from topics.errors import ErrorCode
-from topics.offsets import take
+from topics.offsets import listed_end, take
 from topics.partitions import command_partition
 
 log = logging.getLogger(__name__)
@@ -64,9 +63,10 @@ log = logging.getLogger(__name__)
 #: how long one poll of the producer waits at most (a waiting caller's
 #: turn to poll comes within it)
 _POLL_S = 0.05
-#: errors of a partition whose leader is not in place yet
-_NOT_READY = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                        KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT})
+#: errors of a reply partition asked for its end, retried besides those
+#: topics.offsets.listed_end retries: the replies topic of a namespace made a
+#: moment ago may not be known to the broker that answers yet
+_NOT_READY = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT})
 
 
 def check_reply(reply: Reply, entity_path: str) -> None:
@@ -111,10 +111,10 @@ class EngineLink:
         reply_topic = names.replies(settings.namespace)
         self.reply_partition = random.randrange(len(topics[reply_topic].partitions))
         self._consumer = Consumer(settings.consumer_config(f"replies-{self.client_id}"))
-        tp = TopicPartition(reply_topic, self.reply_partition)
         # ListOffsets may answer below the true end (Tansu); reading a few old
         # answers is harmless, they carry other client ids.
-        end = self._reply_end(tp)
+        end = listed_end(self._consumer, (reply_topic, self.reply_partition),
+                         time.monotonic() + 10, also=_NOT_READY)
         self._consumer.assign([TopicPartition(reply_topic, self.reply_partition, end)])
         self._waiting: dict[str, Future[Reply]] = {}
         self._lock = threading.Lock()
@@ -131,18 +131,6 @@ class EngineLink:
                              daemon=True)]
         for thread in self._threads:
             thread.start()
-
-    def _reply_end(self, tp: TopicPartition) -> int:
-        """The end of this client's reply partition. A namespace created a
-        moment ago may not have its leaders in place yet: that is retried."""
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                return self._consumer.get_watermark_offsets(tp, timeout=10)[1]
-            except KafkaException as exc:
-                if exc.args[0].code() not in _NOT_READY or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
 
     def command(self, entity: str, partition: int, args: ClientArgs) -> Command[ClientArgs]:
         """A command for the window ``entity#partition``."""

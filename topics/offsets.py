@@ -99,12 +99,14 @@ def committed_offsets(config: dict[str, Any], group: str, topic: str, partitions
     return found
 
 
-def listed_end(consumer: Consumer, tp: tuple[str, int], deadline: float) -> int:
+def listed_end(consumer: Consumer, tp: tuple[str, int], deadline: float,
+               also: frozenset[int] = frozenset()) -> int:
     """ListOffsets(latest), asked again until ``deadline`` (``time.monotonic``)
-    while the broker answers with a retriable error: a topic created a moment
-    ago may have no leader yet (Apache Kafka says "Not leader for partition"
-    until metadata spreads), nor may a broker the controller fenced while it
-    was stopped and is taking back (tests/test_pairing.py resumes one so).
+    while the broker answers with a retriable error, or one of the codes
+    ``also`` names: a topic created a moment ago may have no leader yet
+    (Apache Kafka says "Not leader for partition" until metadata spreads),
+    nor may a broker the controller fenced while it was stopped and is
+    taking back (tests/test_pairing.py resumes one so).
 
     One request: ``offsets_for_times`` with the timestamp -1 (latest), where
     ``get_watermark_offsets`` asks for the log start too, in a request of its
@@ -118,8 +120,8 @@ def listed_end(consumer: Consumer, tp: tuple[str, int], deadline: float) -> int:
             return int(listed.offset)
         except KafkaException as exc:
             error = exc.args[0]
-            if not (error.retriable() or error.code() in _LEADER_MOVING) \
-                    or time.monotonic() > deadline:
+            if not (error.retriable() or error.code() in _LEADER_MOVING
+                    or error.code() in also) or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
 
