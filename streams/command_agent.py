@@ -60,6 +60,7 @@ from streams.app import (
 )
 from streams.command_intake import CommandIntake, CommandRecord, large_tail
 from streams.definitions import Definitions
+from streams.engine_worker import COMMIT_REFUSED_EXIT
 from streams.log_clock import LogClock
 from streams.states import Event, Refused
 from streams.store import Txn
@@ -272,6 +273,8 @@ async def run_batches() -> None:
         pending = None
         try:
             pending = await _handle(records, before)
+        except CommitRefused as exc:  # one committed early, as a record would grow too large
+            _stop(exc)
         except Exception:  # never let one batch stop the engine
             log.exception("a batch of %d commands failed", len(records))
         finally:
@@ -305,6 +308,8 @@ async def _finish(records: list[CommandRecord], pending: _Answering | None,
             await before
         if pending is not None:
             await pending.finish()
+    except CommitRefused as exc:
+        _stop(exc)
     except Exception:  # never let one batch stop the engine
         log.exception("a batch of %d commands failed", len(records))
     finally:
@@ -652,7 +657,8 @@ class _Answering:
             outcomes = await asyncio.gather(*self.early, return_exceptions=True)
             failures += [o for o in outcomes if isinstance(o, BaseException)]
         if failures:
-            raise failures[0]
+            # a window whose commit record Kafka did not take stops the worker
+            raise next((f for f in failures if isinstance(f, CommitRefused)), failures[0])
 
 
 #: Consecutive settle commands of a window (as one thread settling one
@@ -854,6 +860,34 @@ async def _commit(chunks: list[_Chunk]) -> None:
     await _send_commit(chunks).finish()
 
 
+class CommitRefused(Exception):
+    """Kafka did not take the commit records of a batch (refused them, or
+    librdkafka gave up after ``message.timeout.ms``)."""
+
+    def __init__(self, windows: list[str], cause: BaseException) -> None:
+        super().__init__(f"Kafka did not take the commit record of {', '.join(windows)}: "
+                         f"{cause}")
+
+
+def _stop(exc: CommitRefused) -> None:
+    """End the worker at once, its commands' offsets not committed (but for
+    this, a batch that failed is marked applied: :func:`_finish`). The
+    worker's local tables already hold what the batch wrote, and the
+    window's next command here would send it again; but the offsets of a
+    batch marked applied are committed, and a worker taking the partition
+    over rebuilds the window from the changelogs, without the batch, and
+    never reads its commands again (a settlement final at its append would
+    be lost). Stopped, whoever reads the partition next applies them again:
+    this worker started again (its header's redo is sent as it loads), or
+    another. As after ``kill -9``, nothing else is lost."""
+    log.critical("%s. The worker stops without committing the commands since its last "
+                 "commit; start it again (a deployment's restart policy does) once Kafka "
+                 "takes the engine's records: they are applied again from the commands "
+                 "topic", exc)
+    logging.shutdown()
+    os._exit(COMMIT_REFUSED_EXIT)
+
+
 @dataclass
 class _Pending:
     """Commit records on their way to Kafka, and what waits for them."""
@@ -874,7 +908,8 @@ class _Pending:
             for _, unsettled in self.changed:
                 if not unsettled.sent.done():
                     unsettled.sent.set_exception(exc)
-            raise
+            raise CommitRefused([c.key.decode(errors="replace") for c, _ in self.changed],
+                                exc) from exc
         if _EXIT_AFTER_COMMIT and any(_EXIT_AFTER_COMMIT in c.ops for c, _ in self.changed):
             log.warning("exiting after the commit record of %s", _EXIT_AFTER_COMMIT)
             os._exit(137)  # fault injection: the tests' crash point

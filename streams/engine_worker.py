@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 #: how long a shutdown may wait for Kafka before the worker exits anyway
 STOP_GRACE_S = 8.0
+#: the worker's exit status when Kafka did not take a commit record
+#: (EX_TEMPFAIL: start it again; streams.command_agent says why it stops)
+COMMIT_REFUSED_EXIT = 75
 #: allocations between two collections of the youngest objects (CPython's default: 700)
 YOUNG_COLLECTION = 20_000
 #: the loggers of the Kafka clients in the engine process (librdkafka's lines
