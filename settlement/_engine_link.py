@@ -113,8 +113,12 @@ class EngineLink:
         self._consumer = Consumer(settings.consumer_config(f"replies-{self.client_id}"))
         # ListOffsets may answer below the true end (Tansu); reading a few old
         # answers is harmless, they carry other client ids.
-        end = listed_end(self._consumer, (reply_topic, self.reply_partition),
-                         time.monotonic() + 10, also=_NOT_READY)
+        try:
+            end = listed_end(self._consumer, (reply_topic, self.reply_partition),
+                             time.monotonic() + 10, also=_NOT_READY)
+        except BaseException:  # nobody gets this link to close: its consumer goes now
+            self._consumer.close()
+            raise
         self._consumer.assign([TopicPartition(reply_topic, self.reply_partition, end)])
         self._waiting: dict[str, Future[Reply]] = {}
         self._lock = threading.Lock()
