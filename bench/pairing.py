@@ -48,7 +48,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -75,6 +74,7 @@ from settlement.management import ServiceBusAdministrationClient
 from settlement.pairing import backlog_queue_names
 from settlement.testing.apache_kafka import KafkaCluster
 from settlement.testing.embedded import EmbeddedBroker
+from settlement.testing.pause import pause, resume
 from streams.process import EngineProcess
 
 PRIMARY, SECONDARY = "benchprimary", "benchsecondary"
@@ -109,21 +109,8 @@ class Cluster:
         return broker_pid(self.broker)
 
     def pause(self) -> float:
-        """SIGSTOP the broker; seconds until every thread of it has stopped
-        (``kill`` returns before: a loaded machine's JVM served a request
-        sent after it)."""
-        os.kill(self.pid, signal.SIGSTOP)
-        t0 = time.perf_counter()
-        return until(lambda: all(_state(t) in "Tt" for t in Path(
-            f"/proc/{self.pid}/task").iterdir()), t0, 10, "the broker stopping", every=0.001)
-
-
-def _state(task: Path) -> str:
-    """The state letter of one thread (``T`` stopped); ``T`` once it is gone."""
-    try:
-        return (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "T"
+        """SIGSTOP the broker; seconds until every thread of it has stopped."""
+        return pause(self.pid)
 
 
 @contextmanager
@@ -270,7 +257,7 @@ def way_back(paired: ServiceBusClient, send: Send, messages: Messages, primary: 
             next_send[0] = time.perf_counter() + RESEND_EVERY_S
 
     cpu0 = meter.snapshot()
-    os.kill(primary.pid, signal.SIGCONT)
+    resume(primary.pid)
     resumed = time.perf_counter()
     back_s = until(lambda: not route.to_backlog, resumed, SWITCH_BACK_TIMEOUT_S,
                    "sends back on the primary", every=0.005, meanwhile=keep_sending)
@@ -370,7 +357,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 primary.conn, paired_namespace=SendAvailabilityPairedNamespaceOptions(
                     secondary.conn, backlog_queue_count=BACKLOG_QUEUES, enable_syphon=True)))
         except BaseException:
-            os.kill(primary.pid, signal.SIGCONT)
+            resume(primary.pid)
             raise
         admin = stack.enter_context(
             ServiceBusAdministrationClient.from_connection_string(secondary.conn))

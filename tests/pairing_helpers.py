@@ -4,8 +4,6 @@ session's broker and engine (the ``conn`` fixture) are the secondary."""
 
 from __future__ import annotations
 
-import os
-import signal
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +11,7 @@ from pathlib import Path
 
 from settlement.testing.apache_kafka import KafkaCluster
 from settlement.testing.embedded import EmbeddedBroker
+from settlement.testing.pause import pause, resume
 from streams.process import EngineProcess
 from tests.helpers import TEST_BROKER, Broker
 
@@ -31,10 +30,10 @@ class Primary:
         return self.broker.pid
 
     def pause(self) -> None:
-        os.kill(self.pid, signal.SIGSTOP)
+        pause(self.pid)
 
     def resume(self) -> None:
-        os.kill(self.pid, signal.SIGCONT)
+        resume(self.pid)
 
 
 @contextmanager

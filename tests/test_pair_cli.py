@@ -94,13 +94,12 @@ def _mode(queue: str, mode: str) -> Callable[[dict[str, Table]], bool]:
 
 
 def _backlog_of(queue: str, waiting: int) -> Callable[[dict[str, Table]], bool]:
-    """The queue sends to the backlog, which holds ``waiting`` messages. A CI
-    run (2026-11-30) printed the queue in the backlog with 20 of the 30
-    messages there, from a status record reported 2 s after the failover,
-    and failed: the check waited for the mode alone, and the cause was not
-    found (ten runs here, six of them beside three CPU burners, showed 30). Waiting for
-    the total as well, and the client's own count above, say which side is
-    short should it recur."""
+    """The queue sends to the backlog, which holds ``waiting`` messages (the
+    status records are published without holding up the sends). Two CI runs
+    (2026-11-30, 12-01) saw 20 of the 30: the client's own count said 20 too.
+    ``kill`` had returned before the JVM's threads stopped, and the loaded
+    primary acknowledged the first batch sent "while paused";
+    :meth:`Primary.pause` now waits until every thread has stopped."""
     in_backlog = _mode(queue, "backlog")
     return lambda found: in_backlog(found) and [
         r["ACTIVE MESSAGES"] for r in found.get("QUEUE", []) if r["QUEUE"] == "total"

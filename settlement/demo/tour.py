@@ -36,9 +36,7 @@ import gc
 import io
 import json
 import logging
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -78,6 +76,7 @@ from settlement.pairing import backlog_queue_names, read_status
 from settlement.testing._local_broker import BrokerStartError
 from settlement.testing.apache_kafka import KafkaCluster
 from settlement.testing.maven import JarFetchError
+from settlement.testing.pause import pause, resume
 from streams.process import EngineProcess
 from topics.connection import parse_connection_string
 
@@ -484,13 +483,13 @@ class Demo:
         paused = threading.Event()
         started = 0.0
 
-        def resume() -> None:
+        def resume_primary() -> None:
             log.info("  primary broker resumed (SIGCONT) after %g s", PAUSE_S)
             sends.resumed_at = time.monotonic() - started
-            os.kill(primary_pid, signal.SIGCONT)
+            resume(primary_pid)
             paused.clear()
 
-        timer = threading.Timer(PAUSE_S, resume)
+        timer = threading.Timer(PAUSE_S, resume_primary)
         try:
             with ServiceBusClient._from_settings(self.client.settings,
                                                  paired_namespace=options) as client, \
@@ -506,7 +505,7 @@ class Demo:
                 started = time.monotonic()
                 while (now := time.monotonic() - started) < PAUSE_AT_S + PAUSE_S + AFTER_PAUSE_S:
                     if now >= PAUSE_AT_S and not sends.paused_at:
-                        os.kill(primary_pid, signal.SIGSTOP)
+                        pause(primary_pid)
                         sends.paused_at = now
                         paused.set()
                         timer.start()
@@ -520,7 +519,7 @@ class Demo:
                     time.sleep(PAIRED_SPACING_S)
         finally:
             timer.cancel()
-            os.kill(primary_pid, signal.SIGCONT)  # never leave the demo's broker paused
+            resume(primary_pid)  # never leave the demo's broker paused
         longest = max(end - start for start, end, _ in sends.batches)
         self.expect(longest < FAILOVER.total_seconds() + 5,
                     f"a send took {longest:.1f} s while the primary was paused")
