@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from settlement.testing.pause import pause, resume
 
 #: a process of busy threads; each counts into its own line of a file, so
@@ -66,3 +68,39 @@ def test_a_paused_process_runs_nothing_until_resumed(tmp_path: Path) -> None:
         busy.kill()
         busy.wait()
 
+
+
+#: a process whose main thread has ended (a zombie, state Z: it never stops)
+#: while another thread still counts into the file
+_HALF_GONE = """
+import ctypes, os, sys, threading, time
+path = sys.argv[1]
+def count():
+    n = 0
+    while True:
+        n += 1
+        with open(path + ".new", "w") as out:
+            out.write(str(n))
+        os.replace(path + ".new", path)
+        time.sleep(0.001)
+threading.Thread(target=count).start()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def test_a_process_that_does_not_stop_is_resumed_and_named(tmp_path: Path) -> None:
+    path = tmp_path / "counts"
+    half_gone = subprocess.Popen([sys.executable, "-c", _HALF_GONE, str(path)])
+    try:
+        _counts(path)
+        with pytest.raises(RuntimeError, match=f"process {half_gone.pid} did not stop within "
+                           "0.2 s of SIGSTOP and was resumed"):
+            pause(half_gone.pid, timeout=0.2)
+        before = _counts(path)
+        deadline = time.monotonic() + 10
+        while _counts(path) == before:  # left running, not stopped, by the failed pause
+            assert time.monotonic() < deadline, "pause() left the process stopped when it gave up"
+            time.sleep(0.01)
+    finally:
+        half_gone.kill()
+        half_gone.wait()

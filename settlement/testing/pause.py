@@ -23,8 +23,12 @@ def pause(pid: int, timeout: float = 10.0) -> float:
     tasks = Path(f"/proc/{pid}/task")
     while not all(_state(task) in "Tt" for task in _threads(tasks)):
         if time.perf_counter() - started > timeout:
-            raise RuntimeError(f"process {pid} did not stop within {timeout:g} s of SIGSTOP; "
-                               "it may be in uninterruptible I/O (state D): check its disk")
+            # resumed before raising: a caller's cleanup may not reach a
+            # process left half-stopped, and the run would hang on it
+            resume(pid)
+            raise RuntimeError(f"process {pid} did not stop within {timeout:g} s of SIGSTOP "
+                               "and was resumed; it may be in uninterruptible I/O (state D): "
+                               "check its disk")
         time.sleep(_EVERY_S)
     return time.perf_counter() - started
 
