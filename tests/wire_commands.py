@@ -47,10 +47,11 @@ def call_raw(link: EngineLink, op: str, entity: str, partition: int, **fields: A
     with link._lock:
         link._waiting[cmd_id] = answer
     key = f"{entity}#{partition}"
-    link._producer.produce(
+    producer = link._lane().producer  # this thread's
+    producer.produce(
         names.commands(link.settings.namespace),
         raw_command(op, cmd_id, entity, partition, fields,
                     ReplyAddress(link.reply_partition, link.client_id)),
         key=key.encode(), partition=command_partition(key, link._engine_partitions))
-    assert link._producer.flush(10) == 0
+    assert producer.flush(10) == 0
     return answer.result(30)

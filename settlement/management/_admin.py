@@ -292,8 +292,9 @@ class ServiceBusAdministrationClient(TopicAdministration):
     def _engine(self) -> EngineLink:
         with self._making:  # threads sharing the client share one link
             if self._link is None:
+                # one producer: its calls are few, and seldom at once
                 self._link = EngineLink(self._settings, attempt_timeout=5.0,
-                                        retry=RetryPolicy(total=2, backoff_factor=0.2))
+                                        retry=RetryPolicy(total=2, backoff_factor=0.2), lanes=1)
             return self._link
 
     def close(self) -> None:
