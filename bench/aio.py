@@ -45,6 +45,7 @@ from bench.run import (
     LOCK_SECONDS,
     check_exactly_once,
     machine_info,
+    machine_label,
     make_messages,
     raw_kafka,
     send,
@@ -141,8 +142,7 @@ def render(result: dict[str, Any]) -> str:
     ph = result["phases"]
     broker = broker_label(result["broker"])
     m = result["machine"]
-    lines = ["", f"asyncio settlements ({broker}, 1 engine worker); machine: {m['cores']} "
-             f"cores, {m['cpu_model']}, {m['implementation']} {m['python']}",
+    lines = ["", f"asyncio settlements ({broker}, 1 engine worker); machine: {machine_label(m)}",
              f"{result['messages']:,} messages x {result['size']} B per phase",
              warm_line(result["broker_warm_up"]), ""]
     head = f"{'figure':<62} {'msg/s':>10}  {'cores client/engine/broker':>26}"

@@ -254,3 +254,27 @@ def warm_up(broker_pid: int, one_round: Callable[[int], None], step: Callable[[s
             break
     return WarmUp(broker_pid, rounds, round(time.monotonic() - started, 1), share,
                   (compiler_seconds(broker_pid), time.monotonic()))
+
+
+#: additions of :func:`python_speed`'s loop
+_SPEED_LOOP = 10_000_000
+
+
+def python_speed(additions: int = _SPEED_LOOP) -> float:
+    """Seconds this interpreter takes for a loop of ``additions`` (ten
+    million) additions, the best of three: how fast the machine runs Python
+    this hour.
+
+    The figures of one kind of machine moved by a factor of two between
+    hours while its CPU model stayed the same (make bench's raw produce
+    81,874 /s at 21:08 and 282,423 /s at 22:15 on 2026-12-01); the client
+    and the engine are Python, so a run's figures are read beside this one
+    (2026-12-02 01:00-02:40, 2 cores Intel Xeon, idle: 1.5-1.6 s)."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        total = 0
+        for i in range(additions):
+            total += i
+        best = min(best, time.perf_counter() - started)
+    return round(best, 2)

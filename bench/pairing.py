@@ -63,7 +63,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.brokers import add_broker_argument, broker_label, broker_pid, new_broker, results_path
 from bench.measure import CpuMeter, percentile
-from bench.run import LOCK_SECONDS, machine_info, settle_in_batches, wait_for_engine
+from bench.run import (
+    LOCK_SECONDS,
+    machine_info,
+    machine_label,
+    settle_in_batches,
+    wait_for_engine,
+)
 from bench.sessions import table
 from settlement import (
     SendAvailabilityPairedNamespaceOptions,
@@ -406,7 +412,7 @@ def render(result: dict[str, Any]) -> str:
             rows.append((f"  {label}: calls over {SLOW_MS:.0f} ms of {p['calls']:,} (max ms)",
                          *(f"{x['slow_calls']} ({x['max_ms']:,.0f})" for x in (p, u, r)), ""))
     lines = ["", f"Paired namespaces benchmark ({broker}, 1 engine worker each); machine: "
-             f"{m['cores']} cores, {m['cpu_model']}, {m['implementation']} {m['python']}; load "
+             f"{machine_label(m)}; load "
              "average at the end " + " ".join(f"{x:.2f}" for x in result["load_average"]),
              f"{result['size']} B messages; failover_interval "
              f"{result['failover_interval_s']:g} s; {result['backlog_queues']} backlog queues "

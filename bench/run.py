@@ -69,6 +69,7 @@ from bench.measure import (
     Phase,
     Timed,
     percentile,
+    python_speed,
     warm_line,
     warm_up,
 )
@@ -165,7 +166,18 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(), "implementation": platform.python_implementation(),
         "platform": platform.platform(), "confluent_kafka": confluent_kafka.__version__,
         "librdkafka": confluent_kafka.libversion()[0],
+        "python_loop_s": python_speed(),
     }
+
+
+def machine_label(machine: dict[str, Any]) -> str:
+    """The machine as the benches' reports name it: cores, CPU, Python, and
+    how fast it ran Python when the bench started (:func:`python_speed`)."""
+    speed = machine.get("python_loop_s")
+    speed_text = f"; 10M Python additions in {speed:.2f} s" if speed is not None else ""
+    return (f"{machine['cores']} cores ({machine['usable_cores']} usable), "
+            f"{machine['cpu_model']}; {machine['implementation']} {machine['python']}"
+            f"{speed_text}")
 
 
 # ------------------------------------------------------------- exactly once
@@ -725,8 +737,7 @@ def render(machine: dict[str, Any], args: argparse.Namespace, phases: dict[str, 
     lines = [
         "",
         f"Settlement layer benchmark ({broker_label(args.broker)}, 1 engine worker)",
-        f"machine: {machine['cores']} cores ({machine['usable_cores']} usable), "
-        f"{machine['cpu_model']}; {machine['implementation']} {machine['python']}; "
+        f"machine: {machine_label(machine)}; "
         f"confluent-kafka {machine['confluent_kafka']} / librdkafka {machine['librdkafka']}",
         f"messages per phase: {args.messages:,} x {args.size} B bodies",
         warm_line(machine["broker_warm_up"]),

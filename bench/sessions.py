@@ -79,6 +79,7 @@ from bench.run import (
     LOCK_SECONDS,
     check_exactly_once,
     machine_info,
+    machine_label,
     make_messages,
     send,
     settle_batches_threads,
@@ -529,8 +530,8 @@ def render(result: dict[str, Any]) -> str:
                  f" -> {st['sessions_drained']['sessions_listed']:,}", "", "", ""))
     steps = ss["steps"]
     per_session = sum(steps[s]["p50_ms"] for s in STEPS)
-    lines = ["", f"Sessions benchmark ({broker}, 1 engine worker); machine: {m['cores']} cores, "
-             f"{m['cpu_model']}, {m['implementation']} {m['python']}; load average at the end "
+    lines = ["", f"Sessions benchmark ({broker}, 1 engine worker); machine: {machine_label(m)}; "
+             "load average at the end "
              + " ".join(f"{x:.2f}" for x in result["load_average"]),
              f"{ss['sessions']:,} sessions x {result['per_session']} messages of "
              f"{result['size']} B = {ss['messages']:,}; {result['receivers']} receiver threads; "

@@ -69,6 +69,7 @@ from bench.run import (
     LOCK_SECONDS,
     final_check,
     machine_info,
+    machine_label,
     settle_in_batches,
     wait_for_engine,
     warm_round,
@@ -420,8 +421,7 @@ def render(result: dict[str, Any]) -> str:
     m = result["machine"]
     lines = [
         "",
-        f"Topics benchmark ({broker}, 1 engine worker); machine: {m['cores']} cores, "
-        f"{m['cpu_model']}, {m['implementation']} {m['python']}",
+        f"Topics benchmark ({broker}, 1 engine worker); machine: {machine_label(m)}",
         f"{result['messages']:,} messages x {result['size']} B; topic with {BUCKETS} "
         f"subscriptions, SQL filter 'bucket = K' each (a tenth each); drain: {ts['drain']}"
         + (" (one receiver at a time)" if ts["drain"] == "sequential"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 
-from bench.measure import CLIENT_GC, CpuMeter, Phase, Timed
-from bench.run import TARGETS, why_missed
+from bench.measure import CLIENT_GC, CpuMeter, Phase, Timed, python_speed
+from bench.run import TARGETS, machine_info, machine_label, why_missed
 
 
 def _phases(client: float, engine: float, broker: float) -> dict[str, Phase]:
@@ -63,3 +65,29 @@ def test_a_phase_measures_the_time_the_client_s_garbage_collections_took() -> No
         _collect_cycles()
     assert CLIENT_GC not in other.cpu
     assert len(gc.callbacks) == callbacks  # each clock stopped with its phase
+
+
+def test_the_machine_line_says_how_fast_the_machine_ran_python() -> None:
+    machine = machine_info()
+    assert machine["python_loop_s"] > 0
+    assert f"10M Python additions in {machine['python_loop_s']:.2f} s" in machine_label(machine)
+    # results written before the probe existed still render
+    del machine["python_loop_s"]
+    assert "Python additions" not in machine_label(machine)
+    assert machine["cpu_model"] in machine_label(machine)
+
+
+def test_a_busier_machine_runs_the_speed_loop_slower() -> None:
+    """The probe measures the interpreter's speed, not a constant: with a
+    second process spinning on each core it takes longer (or, on a
+    machine with cores to spare, no less)."""
+    alone = python_speed(2_000_000)
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        busy = python_speed(2_000_000)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    assert busy > alone * 1.2
