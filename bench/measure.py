@@ -269,7 +269,7 @@ def python_speed(additions: int = _SPEED_LOOP) -> float:
     hours while its CPU model stayed the same (make bench's raw produce
     81,874 /s at 21:08 and 282,423 /s at 22:15 on 2026-12-01); the client
     and the engine are Python, so a run's figures are read beside this one
-    (2026-12-02 01:00-02:40, 2 cores Intel Xeon, idle: 1.5-1.6 s)."""
+    (2026-12-02 02:13-02:50, 2 cores Intel Xeon, idle: 0.46-0.63 s)."""
     best = float("inf")
     for _ in range(3):
         started = time.perf_counter()

@@ -78,9 +78,9 @@ def test_the_machine_line_says_how_fast_the_machine_ran_python() -> None:
 
 
 def test_a_busier_machine_runs_the_speed_loop_slower() -> None:
-    """The probe measures the interpreter's speed, not a constant: with a
-    second process spinning on each core it takes longer (or, on a
-    machine with cores to spare, no less)."""
+    """The probe measures the interpreter's speed, not a constant: with two
+    processes spinning for each core, it gets a share of a core and takes
+    longer."""
     alone = python_speed(2_000_000)
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 for _ in range(2 * (os.cpu_count() or 1))]
