@@ -74,7 +74,15 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
 from bench.brokers import add_broker_argument, broker_label, broker_pid, new_broker, results_path
-from bench.measure import CpuMeter, Phase, Timed, percentile, warm_line, warm_up
+from bench.measure import (
+    CpuMeter,
+    EngineDurations,
+    Phase,
+    Timed,
+    percentile,
+    warm_line,
+    warm_up,
+)
 from bench.run import (
     LOCK_SECONDS,
     check_exactly_once,
@@ -91,6 +99,7 @@ from bench.topics import CHUNK, drain_in_threads, publish
 from settlement import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessage
 from settlement.exceptions import OperationTimeoutError
 from settlement.management import ServiceBusAdministrationClient
+from settlement.testing._local_broker import free_port
 from streams.process import EngineProcess
 from topics import names, specs
 from topics.connection import parse_connection_string
@@ -105,6 +114,9 @@ SESSION_WAIT_S = 1.0   # max_wait_time of a NEXT_AVAILABLE_SESSION receiver
 RECEIVE_WAIT_S = 0.2   # max_wait_time of a receive within a held session
 ACCEPT_TIMEOUT_S = 600.0
 STEPS = ("receiver", "lock", "receive", "complete", "release")
+#: the engine's operations of a drained session, as its /metrics names them
+#: (settlement_command_duration_seconds, by op), and what the bench calls them
+ENGINE_OPS = {"lock_session": "lock", "settle": "settlements", "release_session": "release"}
 
 
 # ------------------------------------------------------------ engine state
@@ -357,9 +369,12 @@ def session_check(admin: ServiceBusAdministrationClient, d: SessionDrain,
 
 def session_phases(client: ServiceBusClient, admin: ServiceBusAdministrationClient,
                    worker: EngineProcess, args: argparse.Namespace, meter: CpuMeter,
-                   state: dict[str, dict[str, float]], watch: ScanWatch) -> dict[str, Phase]:
+                   state: dict[str, dict[str, float]], watch: ScanWatch,
+                   durations: EngineDurations) -> dict[str, Phase]:
     """Send the sessions, wait until the engine holds them all, drain them
-    with ``args.receivers`` threads of session receivers."""
+    with ``args.receivers`` threads of session receivers; ``durations``: the
+    engine's time for each of the drain's commands, from its append to its
+    answer."""
     messages = session_messages(args.sessions, args.per_session, args.size)
     total = len(messages)
     sent, t_send = publish(client.get_queue_sender(SESSIONS), messages, meter, "session_send",
@@ -368,10 +383,12 @@ def session_phases(client: ServiceBusClient, admin: ServiceBusAdministrationClie
     accept_s = watch.wait(SESSIONS, args.partitions, t_send.end)
     _, listed = wait_for_sessions(admin, SESSIONS, args.sessions, total, time.perf_counter())
     state["sessions_sent"] = {**engine_state(worker), "sessions_listed": listed}
+    before = durations.totals()
     with Timed(meter) as t:
         drain = SessionDrain(client, SESSIONS, args.per_session, total, t)
         drain_in_threads([SessionReceiverThread(f"s{i}", drain)  # type: ignore[list-item]
                           for i in range(args.receivers)])
+    in_engine = {op: durations.mean_ms_since(before, op) for op in ENGINE_OPS}
     state["sessions_drained"] = engine_state(worker)
     check = session_check(admin, drain, [m.message_id for m in messages])
     state["sessions_drained"]["sessions_listed"] = check["sessions_left_listed"]
@@ -383,7 +400,9 @@ def session_phases(client: ServiceBusClient, admin: ServiceBusAdministrationClie
                    extra={"sessions": args.sessions, "sessions_locked": sessions_locked,
                           "sessions_per_s": round(sessions_locked / t.seconds, 1),
                           "send_end_to_all_accepted_s": round(accept_s, 3),
-                          "steps": step_figures(drain.holds)})
+                          "steps": step_figures(drain.holds),
+                          "engine_mean_ms": {op: round(ms, 2) for op, ms in in_engine.items()
+                                             if ms is not None}})
     return {"session_send": sent, "session_settle": settle}
 
 
@@ -622,17 +641,34 @@ def targets(result: dict[str, Any]) -> list[str]:
                          "keeps of their queue", deep["bytes"] / 1e6, 1, " MB", at_most=True)
                  + f" ({deep['keys']:,} keys, the largest value {deep['largest_value']:,} B; "
                  f"with the {idle['probes']:,} probe sessions before them)")
+    lines.append(drain_bound(ss, result["machine"]["cores"]))
+    return lines
+
+
+def drain_bound(ss: dict[str, Any], cores: int) -> str:
+    """What bounds the session drain ``ss`` (its phase as stored): the steps
+    of a session, the engine's share of them where the run measured it, and
+    the cores busy."""
     steps, busy = ss["steps"], ss["cpu_cores"]
     whole = sum(steps[s]["p50_ms"] for s in STEPS)
-    lines.append(f"    what bounds the drain: a receiver's session takes {whole:.0f} ms (p50s), "
-                 f"{steps['lock']['p50_ms']:.1f} ms of them the lock, an engine round trip "
-                 "(the command's append, the engine's read, its batch, its commit record's "
-                 "acknowledgement, the answer's read); the machine's cores are "
-                 f"{sum(busy.values()):.2f} of {result['machine']['cores']} busy (client/engine/"
-                 f"broker {busy.get('client', 0):.2f}/{busy.get('engine', 0):.2f}/"
-                 f"{busy.get('broker', 0):.2f}). A session's commands rewrite the chunk of 128 "
-                 "entries of each of its messages, which lie apart in the log")
-    return lines
+    # results stored before the engine's share was measured have none
+    in_engine = ss.get("engine_mean_ms", {})
+    engine = ""
+    if "lock_session" in in_engine:
+        engine = ("; the engine's time from a command's append to its answer, mean: "
+                  + ", ".join(f"{what} {in_engine[op]:.1f} ms" for op, what in ENGINE_OPS.items()
+                              if op in in_engine)
+                  + " (settlements and releases are sent quiet: the engine holds them "
+                  "a few ms for more to join them, and applies them in the batch of the "
+                  "next command somebody waits for)")
+    return (f"    what bounds the drain: a receiver's session takes {whole:.0f} ms (p50s), "
+            f"{steps['lock']['p50_ms']:.1f} ms of them the lock, an engine round trip "
+            "(the command's append, the engine's read, its batch, its commit record's "
+            f"acknowledgement, the answer's read){engine}; the machine's cores are "
+            f"{sum(busy.values()):.2f} of {cores} busy (client/engine/"
+            f"broker {busy.get('client', 0):.2f}/{busy.get('engine', 0):.2f}/"
+            f"{busy.get('broker', 0):.2f}). A session's commands rewrite the chunk of 128 "
+            "entries of each of its messages, which lie apart in the log")
 
 
 # --------------------------------------------------------------------- main
@@ -661,14 +697,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 @contextmanager
-def running(kind: str, work: Path) -> Iterator[tuple[str, EngineProcess, CpuMeter]]:
+def running(kind: str, work: Path
+            ) -> Iterator[tuple[str, EngineProcess, CpuMeter, EngineDurations]]:
     """A broker of ``kind`` and one engine worker: the connection string, the
-    worker and a meter of the client's, engine's and broker's CPU."""
+    worker, a meter of the client's, engine's and broker's CPU, and the
+    worker's own account of its commands' time (its /metrics)."""
     with new_broker(kind, work) as broker:
         conn = broker.connection_string(NAMESPACE)
-        with EngineProcess(conn, work / "engine", timer_interval=0.5) as worker:
+        port = free_port("127.0.0.1")
+        with EngineProcess(conn, work / "engine", timer_interval=0.5,
+                           env={"SETTLEMENT_METRICS_PORT": str(port)}) as worker:
             yield conn, worker, CpuMeter({"client": os.getpid(), "engine": worker.pid,
-                                          "broker": broker_pid(broker)})
+                                          "broker": broker_pid(broker)}), EngineDurations(port)
 
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -682,7 +722,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     state: dict[str, dict[str, float]] = {}
     total = args.sessions * args.per_session
     step(f"starting the {args.broker} broker; scratch dir {work}")
-    with (running(args.broker, work) as (conn, worker, meter),
+    with (running(args.broker, work) as (conn, worker, meter, durations),
           ServiceBusAdministrationClient.from_connection_string(conn) as admin,
           ServiceBusClient.from_connection_string(conn) as client):
         for queue in ("warmup", PLAIN, PLAIN_BEST, WARM_SESSIONS, SESSIONS, FEW, CROWDED):
@@ -704,7 +744,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         step(f"plain queue: {total:,} messages, twice")
         phases |= plain_phases(client, worker, args, meter, state)
         step(f"session queue: {args.sessions:,} sessions x {args.per_session}")
-        phases |= session_phases(client, admin, worker, args, meter, state, watch)
+        phases |= session_phases(client, admin, worker, args, meter, state, watch,
+                                 durations)
         step(f"idle sessions: {args.probes:,} probes before {args.idle:,} messages, in "
              f"{args.idle:,} sessions or in one")
         idle = idle_phase(client, admin, worker, args, state, watch)

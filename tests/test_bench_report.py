@@ -9,6 +9,7 @@ import sys
 
 from bench.measure import CLIENT_GC, CpuMeter, Phase, Timed, python_speed
 from bench.run import TARGETS, machine_info, machine_label, why_missed
+from bench.sessions import STEPS, drain_bound
 
 
 def _phases(client: float, engine: float, broker: float) -> dict[str, Phase]:
@@ -91,3 +92,23 @@ def test_a_busier_machine_runs_the_speed_loop_slower() -> None:
             p.kill()
             p.wait()
     assert busy > alone * 1.2
+
+
+def _drain(**extra: object) -> dict[str, object]:
+    """A session drain as bench.sessions stores it: 20 ms a session."""
+    steps = {s: {"p50_ms": ms, "p90_ms": 2 * ms}
+             for s, ms in zip(STEPS, (0.2, 15.8, 0.0, 2.2, 1.8), strict=True)}
+    return {"steps": steps, "cpu_cores": {"client": 0.33, "engine": 0.69, "broker": 0.51},
+            **extra}
+
+
+def test_the_session_drain_s_bound_gives_the_engine_s_share_of_the_lock() -> None:
+    line = drain_bound(_drain(engine_mean_ms={"lock_session": 13.53, "settle": 14.61,
+                                              "release_session": 13.92}), 2)
+    assert "a receiver's session takes 20 ms (p50s), 15.8 ms of them the lock" in line
+    assert ("from a command's append to its answer, mean: lock 13.5 ms, settlements 14.6 ms, "
+            "release 13.9 ms") in line
+    assert "1.53 of 2 busy (client/engine/broker 0.33/0.69/0.51)" in line
+    # results stored before the engine's share was measured still render
+    older = drain_bound(_drain(), 2)
+    assert "15.8 ms of them the lock" in older and "append to its answer" not in older
