@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from settlement.exceptions import ServiceBusCommunicationError, denied
 from topics.connection import ConnectionSettings
 from topics.names import entity_of_log
-from topics.offsets import OFFSET_UNKNOWN, listed_end, offset_of, take
+from topics.offsets import OFFSET_UNKNOWN, GapGuard, listed_end, offset_of, take
 
 #: most bytes of records read past and kept for later reads: the size of
 #: librdkafka's own fetch queue by default (``queued.max.messages.kbytes``)
@@ -148,6 +148,9 @@ class PartitionReader:
             raise
         self._position = max(0, lower - 1)
         self._consumer.assign([TopicPartition(topic, partition, self._position)])
+        #: an offset passed over is read again, not taken for a gap (Tansu)
+        self._in_order = GapGuard(topic, enabled=settings.profile.skips_unfinished_appends)
+        self._in_order.moved([TopicPartition(topic, partition, self._position)])
         self._kept = Kept() if kept is None else kept
         self._hw = OFFSET_UNKNOWN
         self._lock = threading.RLock()
@@ -263,7 +266,7 @@ class PartitionReader:
 
     def _take(self, records: list[Message]) -> list[Message]:
         good = []
-        for record in records:
+        for record in self._in_order.admit(self._consumer, records):
             err = record.error()
             if err is not None:
                 self._raise_if_denied(err)
@@ -293,6 +296,7 @@ class PartitionReader:
                 self._consumer.seek(target)
             except KafkaException:  # the fetcher has not started yet: assign instead
                 self._consumer.assign([target])
+        self._in_order.moved([target])
         self._position = offset
 
     def _fetched_to_end(self) -> bool:

@@ -37,7 +37,7 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaException,
 
 from topics.commands import QUIET_FETCH_WAIT_MS, WAKE_BYTES
 from topics.connection import ConnectionSettings
-from topics.offsets import position_of, take
+from topics.offsets import GapGuard, position_of, take
 
 log = logging.getLogger(__name__)
 #: the name of the reader's consumer (only ever assigned: it commits nothing)
@@ -128,6 +128,8 @@ class CommandIntake:
             config.update({"fetch.min.bytes": WAKE_BYTES,
                            "fetch.wait.max.ms": QUIET_FETCH_WAIT_MS})
         self._consumer = Consumer(config)
+        #: commands are applied in their order, none passed over (Tansu)
+        self._in_order = GapGuard(topic, enabled=settings.profile.skips_unfinished_appends)
         #: partition -> the next offset to hand out (records before it are repeats)
         self._next: dict[int, int] = {}
         #: partition -> the offset after the last applied command, not yet committed
@@ -296,6 +298,7 @@ class CommandIntake:
     def _reassign(self, positions: list[TopicPartition]) -> None:
         """Assign ``positions``: what was read before is read again."""
         self._consumer.assign(positions)
+        self._in_order.moved(positions)
         self._generation += 1
         self._reading = bool(positions)
         if positions:
@@ -364,7 +367,7 @@ class CommandIntake:
     def _take(self, most: int, wait: float) -> list[CommandRecord]:
         """Up to ``most`` records, waiting at most ``wait`` for the first."""
         records = []
-        for message in take(self._consumer, most, wait):
+        for message in self._in_order.admit(self._consumer, take(self._consumer, most, wait)):
             if message.error() is not None:
                 log.warning("commands partition error: %s", message.error())
                 continue

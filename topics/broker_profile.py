@@ -20,6 +20,10 @@ What differs, as measured on these machines (see the design brief):
   for the whole ``fetch.wait.max.ms``, so consumers there must wait briefly.
 * Tansu answers ListOffsets(latest) with the last batch's base offset + 1, not
   the log end; Apache Kafka's answer is exact.
+* Tansu may answer a fetch with a batch appended after one it is still
+  writing, and the consumer reads on past the earlier records
+  (:class:`topics.offsets.GapGuard` reads them again); Apache Kafka makes a
+  record readable only once every one before it is.
 * Apache Kafka compacts, runs transactions and deletes records (DeleteRecords);
   Tansu's in-memory storage does none of these.
 * Apache Kafka may run several brokers: topics get up to three replicas.
@@ -51,6 +55,7 @@ class BrokerProfile:
     brokers: int
     wakes_waiting_fetches: bool
     exact_list_offsets: bool
+    skips_unfinished_appends: bool
     compacts: bool
     deletes_records: bool
     transactions: bool
@@ -67,10 +72,12 @@ class BrokerProfile:
 
 
 APACHE_KAFKA = BrokerProfile("apache-kafka", 1, wakes_waiting_fetches=True,
-                             exact_list_offsets=True, compacts=True, deletes_records=True,
+                             exact_list_offsets=True, skips_unfinished_appends=False,
+                             compacts=True, deletes_records=True,
                              transactions=True)
 TANSU = BrokerProfile("tansu", 1, wakes_waiting_fetches=False, exact_list_offsets=False,
-                      compacts=False, deletes_records=False, transactions=False)
+                      skips_unfinished_appends=True, compacts=False, deletes_records=False,
+                      transactions=False)
 
 _cache: dict[tuple[str, tuple[tuple[str, str], ...]], BrokerProfile] = {}
 _lock = threading.Lock()
