@@ -51,7 +51,7 @@ from topics.message_record import (
     raw_application_properties,
     scanned_headers,
 )
-from topics.offsets import OFFSET_UNKNOWN, offset_of, position_of, take
+from topics.offsets import OFFSET_UNKNOWN, GapGuard, offset_of, position_of, take
 from topics.partitions import session_partition
 from topics.rule_set import RuleSet
 from topics.rules import MessageView
@@ -97,6 +97,9 @@ class LogScanner:
         #: each fetched the topic ten times over), and where each of those
         #: windows last read (beside it, the monotonic time it got there)
         self._consumers: dict[tuple[str, int], Consumer] = {}
+        #: per log partition: an offset read past is read again, not taken
+        #: for one without a record (Tansu)
+        self._in_order: dict[tuple[str, int], GapGuard] = {}
         self._positions: dict[tuple[str, int], int] = {}
         self._readers: dict[tuple[str, int], dict[str, tuple[int, float]]] = {}
         #: per log partition, the last MAX_RECORDS records its consumer read,
@@ -359,9 +362,11 @@ class LogScanner:
             if end is not None and start >= end:
                 return []  # nothing past start, as the last fetch saw the log: no move
             consumer.assign([TopicPartition(*tp, start)])
+            self._in_order[tp].moved([TopicPartition(*tp, start)])
             self._positions[tp] = start
             self._recent[tp] = kept = []
-        records = [_Read(r) for r in take(consumer, MAX_RECORDS, 0.05) if r.error() is None]
+        records = [_Read(r) for r in self._in_order[tp].admit(
+            consumer, take(consumer, MAX_RECORDS, 0.05)) if r.error() is None]
         if records:
             self._positions[tp] = records[-1].offset + 1
             self._recent[tp] = (kept + records)[-MAX_RECORDS:]
@@ -373,6 +378,8 @@ class LogScanner:
         if tp not in self._consumers:
             self._consumers[tp] = Consumer(
                 self._settings.consumer_config(f"scanner-{uuid.uuid4().hex[:8]}"))
+            self._in_order[tp] = GapGuard(
+                tp[0], enabled=self._settings.profile.skips_unfinished_appends)
         return self._consumers[tp]
 
     def release(self, key: str) -> None:
@@ -386,6 +393,7 @@ class LogScanner:
                 if not readers:  # the last window reading it
                     del self._readers[tp]
                     consumer = self._consumers.pop(tp, None)
+                    self._in_order.pop(tp, None)
                     if consumer is not None:
                         consumer.close()
                     self._positions.pop(tp, None)
