@@ -34,7 +34,7 @@ from topics.entities import (
     TopicProperties,
     load_definition,
 )
-from topics.offsets import log_end_offsets, offset_of, take
+from topics.offsets import GapGuard, log_end_offsets, offset_of, take
 
 log = logging.getLogger(__name__)
 _CACHE_SECONDS = 2.0
@@ -191,22 +191,27 @@ class EntityRegistry:
     def _read(self, consumer: Consumer, end: int) -> None:
         """Read on from ``self._position`` to ``end`` into ``self._read_so_far``."""
         found = self._read_so_far
-        consumer.assign([TopicPartition(self._topic, 0, self._position)])
+        start = [TopicPartition(self._topic, 0, self._position)]
+        consumer.assign(start)
+        # a definition read past is read again, not missed (Tansu)
+        in_order = GapGuard(self._topic, enabled=self._settings.profile.skips_unfinished_appends)
+        in_order.moved(start)
         try:
-            self._read_to(consumer, end, found)
+            self._read_to(consumer, end, found, in_order)
         finally:
             # Left assigned at the log end, the consumer keeps a fetch parked
             # at the broker for new records (fetch.wait.max.ms), and the next
             # read would wait for it to come back.
             consumer.unassign()
 
-    def _read_to(self, consumer: Consumer, end: int, found: dict[str, Definition]) -> None:
+    def _read_to(self, consumer: Consumer, end: int, found: dict[str, Definition],
+                 in_order: GapGuard) -> None:
         deadline = time.monotonic() + 30
         while self._position < end:
             if time.monotonic() > deadline:
                 raise ServiceBusConnectionError(
                     f"reading {self._topic} stalled at offset {self._position} of {end}")
-            for record in take(consumer, 1000, 0.1):
+            for record in in_order.admit(consumer, take(consumer, 1000, 0.1)):
                 if record.error():
                     continue
                 self._position = offset_of(record) + 1

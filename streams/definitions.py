@@ -35,7 +35,7 @@ from topics.entities import (
     TopicProperties,
     load_definition,
 )
-from topics.offsets import offset_of, take
+from topics.offsets import GapGuard, offset_of, take
 from topics.rule_set import RuleSet
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,9 @@ class Definitions:
         # second, the broker's busiest client of an idle engine.
         self._consumer = Consumer(settings.consumer_config(f"definitions-{uuid.uuid4().hex}"))
         self._consumer.assign([TopicPartition(self._topic, 0, 0)])
+        #: a definition read past is read again, not missed (Tansu)
+        self._in_order = GapGuard(self._topic, enabled=settings.profile.skips_unfinished_appends)
+        self._in_order.moved([TopicPartition(self._topic, 0, 0)])
         self._policies: dict[str, tuple[int, Policy]] = {}
         #: every definition read, by key (queues, topics, subscriptions, rules)
         self._definitions: dict[str, Definition] = {}
@@ -122,13 +125,13 @@ class Definitions:
         while not self._closed.is_set():
             started = int(time.time() * 1000)
             records = take(self._consumer, 500, 0.1)
-            for record in records:
+            for record in self._in_order.admit(self._consumer, records):
                 if record.error():
                     continue
                 offset = offset_of(record)
                 self._apply(record.key(), record.value(), offset)
                 self._position = offset + 1
-            if not records:
+            if not records:  # (records held back for a gap: not caught up)
                 self._caught_up_ms = started
 
     def _apply(self, key: bytes | None, value: bytes | None, offset: int) -> None:
