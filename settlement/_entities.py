@@ -194,8 +194,8 @@ class EntityRegistry:
         start = [TopicPartition(self._topic, 0, self._position)]
         consumer.assign(start)
         # a definition read past is read again, not missed (Tansu)
-        in_order = GapGuard(self._topic, enabled=self._settings.profile.skips_unfinished_appends)
-        in_order.moved(start)
+        in_order = GapGuard(self._topic, start=start,
+                            enabled=self._settings.profile.skips_unfinished_appends)
         try:
             self._read_to(consumer, end, found, in_order)
         finally:

@@ -147,10 +147,11 @@ class PartitionReader:
                 self._consumer.close()
             raise
         self._position = max(0, lower - 1)
-        self._consumer.assign([TopicPartition(topic, partition, self._position)])
+        start = [TopicPartition(topic, partition, self._position)]
+        self._consumer.assign(start)
         #: an offset passed over is read again, not taken for a gap (Tansu)
-        self._in_order = GapGuard(topic, enabled=settings.profile.skips_unfinished_appends)
-        self._in_order.moved([TopicPartition(topic, partition, self._position)])
+        self._in_order = GapGuard(topic, start=start,
+                                  enabled=settings.profile.skips_unfinished_appends)
         self._kept = Kept() if kept is None else kept
         self._hw = OFFSET_UNKNOWN
         self._lock = threading.RLock()

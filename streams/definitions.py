@@ -54,10 +54,11 @@ class Definitions:
         # still means caught up; at 20 ms the follower asked 50 times a
         # second, the broker's busiest client of an idle engine.
         self._consumer = Consumer(settings.consumer_config(f"definitions-{uuid.uuid4().hex}"))
-        self._consumer.assign([TopicPartition(self._topic, 0, 0)])
+        start = [TopicPartition(self._topic, 0, 0)]
+        self._consumer.assign(start)
         #: a definition read past is read again, not missed (Tansu)
-        self._in_order = GapGuard(self._topic, enabled=settings.profile.skips_unfinished_appends)
-        self._in_order.moved([TopicPartition(self._topic, 0, 0)])
+        self._in_order = GapGuard(self._topic, start=start,
+                                  enabled=settings.profile.skips_unfinished_appends)
         self._policies: dict[str, tuple[int, Policy]] = {}
         #: every definition read, by key (queues, topics, subscriptions, rules)
         self._definitions: dict[str, Definition] = {}

@@ -361,8 +361,9 @@ class LogScanner:
             end = _known_end(consumer, tp)
             if end is not None and start >= end:
                 return []  # nothing past start, as the last fetch saw the log: no move
-            consumer.assign([TopicPartition(*tp, start)])
-            self._in_order[tp].moved([TopicPartition(*tp, start)])
+            assigned = [TopicPartition(*tp, start)]
+            consumer.assign(assigned)
+            self._in_order[tp].moved(assigned)
             self._positions[tp] = start
             self._recent[tp] = kept = []
         records = [_Read(r) for r in self._in_order[tp].admit(

@@ -5,6 +5,8 @@ fetches need), and reads on past a gap that holds nothing once it waited."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from confluent_kafka import Consumer, Message, TopicPartition
@@ -12,7 +14,18 @@ from confluent_kafka.admin import AdminClient
 
 from tests.helpers import Broker, one_partition_log
 from topics import offsets
+from topics.connection import ConnectionSettings
 from topics.offsets import GapGuard, offset_of, take
+
+
+@contextmanager
+def _assigned(settings: ConnectionSettings, topic: str, offset: int) -> Iterator[Consumer]:
+    consumer = Consumer(settings.consumer_config("gap-guard"))
+    try:
+        consumer.assign([TopicPartition(topic, 0, offset)])
+        yield consumer
+    finally:
+        consumer.close()
 
 
 def _read(consumer: Consumer, guard: GapGuard, count: int, timeout: float = 20.0
@@ -25,23 +38,21 @@ def _read(consumer: Consumer, guard: GapGuard, count: int, timeout: float = 20.0
 
 
 @pytest.mark.tansu
+@pytest.mark.parametrize(("enabled", "expected"), [(True, range(10)), (False, range(4, 10))],
+                         ids=["enabled", "not-enabled"])
 def test_records_met_past_the_next_offset_are_held_and_the_gap_read_again(
-        broker: Broker) -> None:
+        broker: Broker, enabled: bool, expected: range) -> None:
     """The consumer starts at offset 4, as if the broker had answered its
-    fetch at 0 with a later batch; the guard expects 0: it holds 4.. back,
-    seeks to 0, and hands out 0..9 in order, each once."""
+    fetch at 0 with a later batch; the guard expects 0: enabled (Tansu's
+    profile), it holds 4.. back, seeks to 0, and hands out 0..9 in order,
+    each once; not enabled (Apache Kafka's), records pass as they come."""
     settings, topic, append = one_partition_log(broker)
     append(10)
-    consumer = Consumer(settings.consumer_config("gap-guard"))
-    try:
-        consumer.assign([TopicPartition(topic, 0, 4)])
-        guard = GapGuard(topic, enabled=True)
-        guard.moved([TopicPartition(topic, 0, 0)])
-        got = _read(consumer, guard, 10)
-        assert [offset_of(r) for r in got] == list(range(10))
-        assert [r.value() for r in got] == [f"record {i}".encode() for i in range(10)]
-    finally:
-        consumer.close()
+    with _assigned(settings, topic, 4) as consumer:
+        guard = GapGuard(topic, enabled=enabled, start=[TopicPartition(topic, 0, 0)])
+        got = _read(consumer, guard, len(expected))
+        assert [offset_of(r) for r in got] == list(expected)
+        assert [r.value() for r in got] == [f"record {i}".encode() for i in expected]
 
 
 def test_a_gap_that_holds_nothing_is_read_past_after_the_wait(
@@ -52,31 +63,11 @@ def test_a_gap_that_holds_nothing_is_read_past_after_the_wait(
     settings, topic, append = one_partition_log(broker)
     append(10)
     admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
-    deleted = admin.delete_records([TopicPartition(topic, 0, 4)])
-    for future in deleted.values():
+    for future in admin.delete_records([TopicPartition(topic, 0, 4)]).values():
         future.result(30)
-    consumer = Consumer(settings.consumer_config("gap-guard"))
-    try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        guard = GapGuard(topic, enabled=True)
-        guard.moved([TopicPartition(topic, 0, 0)])
+    with _assigned(settings, topic, 0) as consumer:
+        guard = GapGuard(topic, enabled=True, start=[TopicPartition(topic, 0, 0)])
         started = time.monotonic()
         got = _read(consumer, guard, 6)
         assert [offset_of(r) for r in got] == list(range(4, 10))
         assert time.monotonic() - started >= 0.5
-    finally:
-        consumer.close()
-
-
-def test_a_guard_not_enabled_hands_out_what_the_consumer_read(broker: Broker) -> None:
-    """Apache Kafka's profile: records pass as they come, the gap unread."""
-    settings, topic, append = one_partition_log(broker)
-    append(10)
-    consumer = Consumer(settings.consumer_config("gap-guard"))
-    try:
-        consumer.assign([TopicPartition(topic, 0, 4)])
-        guard = GapGuard(topic, enabled=False)
-        guard.moved([TopicPartition(topic, 0, 0)])
-        assert [offset_of(r) for r in _read(consumer, guard, 6)] == list(range(4, 10))
-    finally:
-        consumer.close()

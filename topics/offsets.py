@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka import (
@@ -173,15 +174,18 @@ class GapGuard:
     consumer's own thread calls it.
     """
 
-    def __init__(self, topic: str, *, enabled: bool) -> None:
+    def __init__(self, topic: str, *, enabled: bool,
+                 start: Sequence[TopicPartition] = ()) -> None:
+        """``start``: where the consumer was assigned (:meth:`moved`)."""
         self._topic = topic
         self.enabled = enabled
         #: partition -> the next offset expected
         self._next: dict[int, int] = {}
         #: partition -> when (time.monotonic()) its gap at the expected offset was first met
         self._gaps: dict[int, float] = {}
+        self.moved(start)
 
-    def moved(self, positions: list[TopicPartition]) -> None:
+    def moved(self, positions: Sequence[TopicPartition]) -> None:
         """The consumer was assigned ``positions`` (real offsets), or sought
         there: read on from them."""
         for tp in positions:
