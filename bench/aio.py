@@ -205,7 +205,7 @@ def measure(args: argparse.Namespace, work: Path, step: Callable[[str], None]
         step(f"engine ready after {wait_for_engine(client, 'warmup', worker.proc):.1f}s; "
              "warm-up")
         warmed = warm_up(meter.pids["broker"],
-                         lambda i: warm_round(client, "warmup", size, meter, i), step)
+                         lambda i: warm_round(client, conn, "warmup", size, meter, i), step)
         step("raw Kafka baseline")
         bootstrap = parse_connection_string(conn).bootstrap_servers
         phases |= {p.key: p for p in raw_kafka(bootstrap, conn, n, size, meter, 20)}

@@ -63,6 +63,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.brokers import add_broker_argument, broker_label, broker_pid, new_broker, results_path
 from bench.measure import (
+    BROKER_JIT,
     CLIENT_GC,
     CpuMeter,
     EngineDurations,
@@ -387,14 +388,20 @@ def send(client: ServiceBusClient, queue: str, messages: list[ServiceBusMessage]
     sender.close()
 
 
-def warm_round(client: ServiceBusClient, queue: str, size: int, meter: CpuMeter,
-               number: int) -> None:
+def warm_round(client: ServiceBusClient, conn: str, queue: str, size: int,
+               meter: CpuMeter, number: int) -> None:
     """One round of the warm-up (:func:`bench.measure.warm_up`): the requests
     of the phases, large and small: 1,000 messages received in hundreds and
     completed in lists, then 2,000 completed one by one from 8 threads and
     1,000 from one (its single-record requests, one after the other, are
     paths of their own: with only the others warmed, the broker's compilers
-    still took 0.13-0.24 of a core through the first 10 s of that phase)."""
+    still took 0.13-0.24 of a core through the first 10 s of that phase),
+    then 1,000 received in hundreds by the asyncio client (``conn``'s) and
+    completed by concurrent awaits (warmed on the others alone, the
+    compilers took 0.30-0.33 of a core through that phase, a harness of
+    2026-12-03)."""
+    from bench.aio import concurrent_completes  # bench.aio imports this module
+
     lists = make_messages(f"w{number}l", 1000, size)
     send(client, queue, lists, 1000)
     settle_in_batches(client, queue, [m.message_id for m in lists], 100, meter)
@@ -403,6 +410,9 @@ def warm_round(client: ServiceBusClient, queue: str, size: int, meter: CpuMeter,
         send(client, queue, each, 1000)
         settle_per_message_threads("warm-up", client, queue, [m.message_id for m in each],
                                    threads, 20 if threads > 1 else 100, 30.0, meter)
+    awaited = make_messages(f"w{number}a", 1000, size)
+    send(client, queue, awaited, 1000)
+    asyncio.run(concurrent_completes(conn, queue, [m.message_id for m in awaited], 100, meter))
 
 
 def settle_in_batches(client: ServiceBusClient, queue: str, ids: list[str], batch: int,
@@ -850,11 +860,16 @@ def render_targets(phases: dict[str, Phase]) -> list[str]:
 
 def gc_note(cpu: dict[str, float]) -> str:
     """What the client's garbage collections took of a phase, where measured
-    and 1 % or more."""
-    share = cpu.get(CLIENT_GC)
-    return ("" if share is None or share < 0.01 else
-            f"; the client's garbage collections took {share:.0%} of the phase, every "
-            "thread of it waiting")
+    and 1 % or more; what the broker's JIT compilers took, where 0.05 of a
+    core or more."""
+    share, jit = cpu.get(CLIENT_GC), cpu.get(BROKER_JIT)
+    collections = ("" if share is None or share < 0.01 else
+                   f"; the client's garbage collections took {share:.0%} of the phase, every "
+                   "thread of it waiting")
+    compilers = ("" if jit is None or jit < 0.05 else
+                 f"; the broker's JIT compilers used {jit:.2f} of a core of the broker's, "
+                 "compiling paths the warm-up had not")
+    return collections + compilers
 
 
 def why_missed(target: Target, phases: dict[str, Phase]) -> str:
@@ -998,7 +1013,7 @@ def main(argv: list[str] | None = None) -> int:
             # Warm-up: connections, readers, the engine's first windows and
             # the broker's JIT.
             warmed = warm_up(pids["broker"],
-                             lambda i: warm_round(client, "warmup", size, meter, i), step)
+                             lambda i: warm_round(client, conn, "warmup", size, meter, i), step)
 
             step("raw Kafka baseline")
             for p in raw_kafka(broker.bootstrap, conn, n, size, meter, args.latency_samples):

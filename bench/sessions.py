@@ -736,7 +736,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         watch = ScanWatch(conn)
 
         def one_round(number: int) -> None:
-            warm_round(client, "warmup", args.size, meter, number)
+            warm_round(client, conn, "warmup", args.size, meter, number)
             warm_sessions(client, meter, args.size)
 
         warmed = warm_up(meter.pids["broker"], one_round, step)

@@ -258,13 +258,14 @@ def create_warm_topic(admin: ServiceBusAdministrationClient) -> None:
         admin.create_rule(WARM_TOPIC, name, "r", filter=SqlRuleFilter(THREE[name]))
 
 
-def warm_topic_round(client: ServiceBusClient, size: int, meter: CpuMeter, number: int) -> None:
+def warm_topic_round(client: ServiceBusClient, conn: str, size: int, meter: CpuMeter,
+                     number: int) -> None:
     """One round of the warm-up: the queue's (``bench.run.warm_round``), then
     2,000 messages published to the warm-up topic and its two subscriptions
     drained. A broker warmed on queues alone still compiled the paths of a
     topic's (the engine's log scanner fetching, its larger commit records)
     while the topic was measured."""
-    warm_round(client, "warmup", size, meter, number)
+    warm_round(client, conn, "warmup", size, meter, number)
     messages = bucket_messages(2 * CHUNK, size)
     subs = [Subscription(WARM_TOPIC, name, SELECTED[name], selected(messages, name),
                          client.get_subscription_receiver(WARM_TOPIC, name))
@@ -565,9 +566,9 @@ def main(argv: list[str] | None = None) -> int:
                     step(f"engine ready after {wait_for_engine(client, 'warmup', worker.proc):.1f}s"
                          "; warm-up")
                     create_warm_topic(admin)
-                    warmed = warm_up(meter.pids["broker"],
-                                     lambda i: warm_topic_round(client, args.size, meter, i),
-                                     step)
+                    warmed = warm_up(
+                        meter.pids["broker"],
+                        lambda i: warm_topic_round(client, conn, args.size, meter, i), step)
                     trials, setup_s = paired_trials(client, admin, args.messages, args.size,
                                                     args.drain, meter, step)
                     phases |= median_pairs(trials)

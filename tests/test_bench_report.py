@@ -6,8 +6,9 @@ import gc
 import os
 import subprocess
 import sys
+import time
 
-from bench.measure import CLIENT_GC, CpuMeter, Phase, Timed, python_speed
+from bench.measure import BROKER_JIT, CLIENT_GC, CpuMeter, Phase, Timed, python_speed, warm_up
 from bench.run import TARGETS, machine_info, machine_label, why_missed
 from bench.sessions import STEPS, drain_bound
 
@@ -112,3 +113,75 @@ def test_the_session_drain_s_bound_gives_the_engine_s_share_of_the_lock() -> Non
     # results stored before the engine's share was measured still render
     older = drain_bound(_drain(), 2)
     assert "15.8 ms of them the lock" in older and "append to its answer" not in older
+
+
+#: a process whose main thread is named as HotSpot names a JIT compiler
+#: thread: it spins until a line comes on its standard input, then idles
+#: until that closes
+_COMPILER = """
+import ctypes, select, sys
+ctypes.CDLL(None).prctl(15, b"C2 CompilerThread0", 0, 0, 0)  # PR_SET_NAME
+print("named", flush=True)
+while not select.select([sys.stdin], [], [], 0)[0]:
+    pass
+sys.stdin.read()
+"""
+
+
+def _compiling() -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", _COMPILER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "named\n"
+    return proc
+
+
+def _quiet(proc: subprocess.Popen[str]) -> None:
+    """Stop its spinning; it stays alive."""
+    assert proc.stdin is not None
+    proc.stdin.write("stop\n")
+    proc.stdin.flush()
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(10)
+
+
+def test_a_phase_measures_what_the_broker_s_jit_compilers_took() -> None:
+    compiler = _compiling()
+    try:
+        with Timed(CpuMeter({"broker": compiler.pid})) as busy:
+            time.sleep(0.5)
+    finally:
+        _stop(compiler)
+    assert busy.cpu[BROKER_JIT] >= 0.5, busy.cpu  # a core, less what this machine shared
+    with Timed(CpuMeter({"broker": os.getpid()})) as none:  # no JVM: no compiler threads
+        time.sleep(0.1)
+    assert none.cpu[BROKER_JIT] == 0.0
+
+    threads = next(t for t in TARGETS if t.phase == "peek_lock_threads")
+    phases = _phases(0.1, 0.1, 0.1)
+    phases["peek_lock_threads"].cpu[BROKER_JIT] = 0.31
+    assert "the broker's JIT compilers used 0.31 of a core" in why_missed(threads, phases)
+    phases["peek_lock_threads"].cpu[BROKER_JIT] = 0.01
+    assert "JIT" not in why_missed(threads, phases)
+
+
+def test_the_warm_up_ends_after_two_rounds_in_a_row_without_compiling() -> None:
+    """One quiet round is not enough: the compilers started again after one."""
+    compiler = _compiling()
+    rounds: list[int] = []
+
+    def one_round(number: int) -> None:
+        rounds.append(number)
+        time.sleep(0.2)
+        if number == 1:
+            _quiet(compiler)  # compiles through rounds 0 and 1, then never again
+
+    try:
+        warmed = warm_up(compiler.pid, one_round, lambda _: None, most_s=30)
+    finally:
+        _stop(compiler)
+    assert rounds == [0, 1, 2, 3]
+    assert warmed.rounds == 4 and warmed.jit_last_round < 0.05
