@@ -391,28 +391,29 @@ def send(client: ServiceBusClient, queue: str, messages: list[ServiceBusMessage]
 def warm_round(client: ServiceBusClient, conn: str, queue: str, size: int,
                meter: CpuMeter, number: int) -> None:
     """One round of the warm-up (:func:`bench.measure.warm_up`): the requests
-    of the phases, large and small: 1,000 messages received in hundreds and
-    completed in lists, then 2,000 completed one by one from 8 threads and
-    1,000 from one (its single-record requests, one after the other, are
-    paths of their own: with only the others warmed, the broker's compilers
-    still took 0.13-0.24 of a core through the first 10 s of that phase),
-    then 1,000 received in hundreds by the asyncio client (``conn``'s) and
-    completed by concurrent awaits (warmed on the others alone, the
-    compilers took 0.30-0.33 of a core through that phase, a harness of
-    2026-12-03)."""
+    of the phases with targets, large and small, each on messages of its own.
+    Each has request paths of its own in the broker: warmed on the others
+    alone, the broker's compilers still took 0.13-0.24 of a core through the
+    first 10 s of the one-thread phase, and 0.30-0.33 through the asyncio one
+    (``conn``'s asyncio client; a harness of 2026-12-03); make bench's batched
+    phase (receive 1,000 with ``prefetch_count``) and ``process`` 0.16 and 0.13
+    with the warm-up of lists of a hundred and one-by-one completes alone."""
     from bench.aio import concurrent_completes  # bench.aio imports this module
 
-    lists = make_messages(f"w{number}l", 1000, size)
-    send(client, queue, lists, 1000)
-    settle_in_batches(client, queue, [m.message_id for m in lists], 100, meter)
-    for threads, count in ((8, 2000), (1, 1000)):
-        each = make_messages(f"w{number}e{threads}", count, size)
-        send(client, queue, each, 1000)
-        settle_per_message_threads("warm-up", client, queue, [m.message_id for m in each],
-                                   threads, 20 if threads > 1 else 100, 30.0, meter)
-    awaited = make_messages(f"w{number}a", 1000, size)
-    send(client, queue, awaited, 1000)
-    asyncio.run(concurrent_completes(conn, queue, [m.message_id for m in awaited], 100, meter))
+    steps: list[tuple[str, int, Callable[[list[str]], object]]] = [
+        ("l", 1000, lambda ids: settle_in_batches(client, queue, ids, 100, meter)),
+        ("b", 2000, lambda ids: settle_in_batches(client, queue, ids, 1000, meter)),
+        ("e8", 2000, lambda ids: settle_per_message_threads(
+            "warm-up", client, queue, ids, 8, 20, 30.0, meter)),
+        ("e1", 1000, lambda ids: settle_per_message_threads(
+            "warm-up", client, queue, ids, 1, 100, 30.0, meter)),
+        ("a", 1000, lambda ids: asyncio.run(concurrent_completes(conn, queue, ids, 100, meter))),
+        ("p", 1000, lambda ids: process_settling_each(client, queue, ids, 32, meter)),
+    ]
+    for tag, count, settle in steps:
+        messages = make_messages(f"w{number}{tag}", count, size)
+        send(client, queue, messages, 1000)
+        settle([m.message_id for m in messages])
 
 
 def settle_in_batches(client: ServiceBusClient, queue: str, ids: list[str], batch: int,
