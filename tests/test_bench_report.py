@@ -185,3 +185,10 @@ def test_the_warm_up_ends_after_two_rounds_in_a_row_without_compiling() -> None:
         _stop(compiler)
     assert rounds == [0, 1, 2, 3]
     assert warmed.rounds == 4 and warmed.jit_last_round < 0.05
+
+
+def test_a_broker_without_a_jit_is_warmed_in_one_round() -> None:
+    """Tansu has no compiler threads: a second quiet round would only cost time."""
+    rounds: list[int] = []
+    warm_up(os.getpid(), rounds.append, lambda _: None, most_s=30)
+    assert rounds == [0]
