@@ -264,11 +264,12 @@ def warm_up(broker_pid: int, one_round: Callable[[int], None], step: Callable[[s
         jit0, t0 = compiler_seconds(broker_pid), time.monotonic()
         one_round(rounds)
         rounds += 1
-        share = (compiler_seconds(broker_pid) - jit0) / max(time.monotonic() - t0, 1e-3)
+        jit1 = compiler_seconds(broker_pid)
+        share = (jit1 - jit0) / max(time.monotonic() - t0, 1e-3)
         step(f"warm-up round {rounds}: the broker's JIT compilers used {share:.2f} of a core")
         quiet = quiet + 1 if share < _WARM_SHARE else 0
         # a broker without a JIT (Tansu) is as warm after one round as after two
-        enough = _QUIET_ROUNDS if compiler_seconds(broker_pid) > 0 else 1
+        enough = _QUIET_ROUNDS if jit1 > 0 else 1
         if quiet >= enough or time.monotonic() - started > most_s:
             break
     return WarmUp(broker_pid, rounds, round(time.monotonic() - started, 1), share,

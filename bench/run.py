@@ -859,7 +859,7 @@ def render_targets(phases: dict[str, Phase]) -> list[str]:
     return lines
 
 
-def gc_note(cpu: dict[str, float]) -> str:
+def shared_cpu_note(cpu: dict[str, float]) -> str:
     """What the client's garbage collections took of a phase, where measured
     and 1 % or more; what the broker's JIT compilers took, where 0.05 of a
     core or more."""
@@ -903,7 +903,7 @@ def why_missed(target: Target, phases: dict[str, Phase]) -> str:
         load += (f"; together they keep {total:.2f} of the {machine} cores busy: the "
                  f"machine's CPU bounds it, {total / p.rate * 1e6:,.0f} µs of CPU a "
                  f"message ({per_message})")
-    load += gc_note(p.cpu)
+    load += shared_cpu_note(p.cpu)
     if "callers" in p.extra:
         callers = p.extra["callers"]
         who = ("one caller waits for each answer" if callers == 1 else
