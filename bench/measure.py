@@ -191,6 +191,21 @@ class Timed:
             self.cpu[CLIENT_GC] = round(self.gc.seconds / self.seconds, 3)
 
 
+def median_trial(trials: list[Phase], figure: str = "rate") -> Phase:
+    """Of trials of one phase, the one of median ``figure`` (its rate, or
+    one of its extra figures); every trial's figure goes with it
+    (``trials``), and the exactly-once check of the first trial that failed
+    it, if one did: a trial that lost a message fails the phase, whatever
+    its speed."""
+    def value(p: Phase) -> float:
+        return p.rate if figure == "rate" else float(p.extra[figure])
+    median = sorted(trials, key=value)[len(trials) // 2]
+    median.extra["trials"] = [round(value(p), 1) for p in trials]
+    median.check = next((p.check for p in trials if p.check and not p.check.get("ok")),
+                        median.check)
+    return median
+
+
 def percentile(samples: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100)."""
     ordered = sorted(samples)

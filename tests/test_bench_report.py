@@ -8,8 +8,17 @@ import subprocess
 import sys
 import time
 
-from bench.measure import BROKER_JIT, CLIENT_GC, CpuMeter, Phase, Timed, python_speed, warm_up
-from bench.run import TARGETS, machine_info, machine_label, why_missed
+from bench.measure import (
+    BROKER_JIT,
+    CLIENT_GC,
+    CpuMeter,
+    Phase,
+    Timed,
+    median_trial,
+    python_speed,
+    warm_up,
+)
+from bench.run import TARGETS, machine_info, machine_label, render_targets, why_missed
 from bench.sessions import STEPS, drain_bound
 
 
@@ -192,3 +201,32 @@ def test_a_broker_without_a_jit_is_warmed_in_one_round() -> None:
     rounds: list[int] = []
     warm_up(os.getpid(), rounds.append, lambda _: None, most_s=30)
     assert rounds == [0]
+
+
+def test_a_phase_run_in_trials_is_their_median_and_fails_if_one_lost_a_message() -> None:
+    ok = {"ok": True}
+    trials = [Phase("peek_lock_threads", "", 20_000, s, check=dict(ok), extra={"callers": 8})
+              for s in (4.0, 2.0, 5.0)]  # 5,000, 10,000 and 4,000 /s
+    median = median_trial(trials)
+    assert median.rate == 5_000 and median.extra["trials"] == [5_000, 10_000, 4_000]
+    assert median.check["ok"]
+
+    # every other target met by one run of its phase
+    phases = _phases(0.1, 0.1, 0.1) | {
+        t.phase: Phase(t.phase, "", 1_000_000, 1.0, extra={
+            "receive_and_complete_rate": 1e6, "engine_commands_per_s": 1.0,
+            "engine_commands": 1}) for t in TARGETS if t.figure != "p50_ms"}
+    phases["settle_latency"].extra.update(p50_ms=0.45, p99_ms=1.0)
+    phases["peek_lock_threads"] = median
+    threads = next(t for t in TARGETS if t.phase == "peek_lock_threads")
+    lines = render_targets(phases)
+    assert f"  {threads.label}: 5,000.00 msg/s (the median of 5,000, 10,000, 4,000) -> met" \
+        in lines
+    assert sum("the median of" in line for line in lines) == 1
+
+    lost = {"ok": False, "missing": 1}
+    trials = [Phase("sdk_loop", "", 2_000, s, check=c, extra={"rate_of": s})
+              for s, c in ((1.0, ok), (2.0, lost), (3.0, ok))]
+    median = median_trial(trials, "rate_of")  # by an extra figure
+    assert median.extra["trials"] == [1.0, 2.0, 3.0] and median.seconds == 2.0
+    assert median.check == lost
