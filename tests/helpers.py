@@ -79,6 +79,21 @@ def last_state(client: ServiceBusClient, queue: str, until: Callable[[dict[str, 
     return states[-1] if states else {}
 
 
+def wait_for_events(client: ServiceBusClient, entity: str, kind: str, count: int,
+                    timeout: float = 15.0) -> None:
+    """Until the events topic holds events ``kind`` of ``count`` distinct
+    offsets of ``entity``'s partition 0. A settlement final at its append
+    returns before the engine has applied it and published its event (and
+    an answered command is answered before its events go out): a job that
+    reads the topic to its end right after may not find them yet."""
+    def enough(events: list[dict[str, Any]]) -> bool:
+        return len({o for e in events if e["type"] == kind for o in e["offsets"]}) >= count
+
+    events = read_all(client, names.events(client.settings.namespace), f"{entity}#0".encode(),
+                      enough, timeout)
+    assert enough(events), f"{entity}: fewer than {count} {kind} offsets in {timeout:.0f} s"
+
+
 def drain_ids(client: ServiceBusClient, queue: str, wait: float = 2.0) -> list[str]:
     """Receive and complete until nothing comes for ``wait`` s; the ids, in order."""
     receiver = client.get_queue_receiver(queue)

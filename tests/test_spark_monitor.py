@@ -18,7 +18,13 @@ from spark.metrics_store import (
     read_metrics,
     totals,
 )
-from tests.helpers import drive_topic_workload, drive_workload, receive_exactly, run_monitor
+from tests.helpers import (
+    drive_topic_workload,
+    drive_workload,
+    receive_exactly,
+    run_monitor,
+    wait_for_events,
+)
 
 pytest.importorskip("pyspark")
 
@@ -31,6 +37,9 @@ def test_monitor_counts_equal_the_workload_and_survive_restarts(
     drive_workload(client, queue, sent=30, complete=20, abandon=5, dead_letter=3,
                    reason="bad-input", defer=2, renew_first=True)
     eu, every = drive_topic_workload(client, admin, f"{queue}-topic")
+    for entity, kind, count in ((queue, "completed", 25), (queue, "deferred", 2),
+                                (eu, "dead_lettered", 1), (every, "completed", 12)):
+        wait_for_events(client, entity, kind, count)
     sink = tmp_path / "monitor"
     run_monitor(spark, conn, sink)
 
@@ -68,6 +77,7 @@ def test_monitor_counts_equal_the_workload_and_survive_restarts(
         sender.send_messages([ServiceBusMessage(f"n{i}") for i in range(10)])
     with client.get_queue_receiver(queue) as receiver:
         receiver.complete_messages(receive_exactly(receiver, 10))
+    wait_for_events(client, queue, "completed", 35)
     run_monitor(spark, conn, sink)
     counts = totals(read_metrics(sink), "count")
     assert (counts[(queue, "enqueued")], counts[(queue, "completed")]) == (40, 35)
@@ -97,6 +107,7 @@ def test_monitor_counts_equal_the_workload_and_survive_restarts(
         sender.send_messages([ServiceBusMessage(f"o{i}") for i in range(5)])
     with client.get_queue_receiver(queue) as receiver:
         receiver.complete_messages(receive_exactly(receiver, 5))
+    wait_for_events(client, queue, "completed", 40)
     run_monitor(spark, conn, sink, compact_every=1)
     counts = totals(read_metrics(sink), "count")
     assert (counts[(queue, "enqueued")], counts[(queue, "completed")]) == (45, 40)
