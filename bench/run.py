@@ -434,24 +434,28 @@ def settle_in_batches(client: ServiceBusClient, queue: str, ids: list[str], batc
     settled; with ``commands``, also the engine commands this cost per second."""
     # prefetch_count: the next batch is locked while this one is settled
     receiver = client.get_queue_receiver(queue, prefetch_count=batch)
-    received: Counter[str] = Counter()
-    settled: Counter[str] = Counter()
+    # ids listed under the clock, counted after it: a Counter's += of a new
+    # key calls its __missing__ in Python, and summing it every round walked
+    # every id settled so far (3 % of the client's time in this phase)
+    received_ids: list[str] = []
+    settled_ids: list[str] = []
     failures = rounds = 0
     # read outside the clock: each read asks the broker for every partition's end
     commands_before = commands.end() if commands else 0
     with Timed(meter) as t:
-        while sum(settled.values()) + failures < len(ids):
+        while len(settled_ids) + failures < len(ids):
             msgs = receiver.receive_messages(batch, max_wait_time=IDLE_S)
             if not msgs:
                 log.warning("peek-lock: nothing received for %.0fs; giving up", IDLE_S)
                 break
             rounds += 1
-            received.update(m.message_id for m in msgs)
+            received_ids += [m.message_id for m in msgs]
             for result in receiver.complete_messages(msgs):
                 if result.succeeded:
-                    settled[result.message.message_id] += 1
+                    settled_ids.append(result.message.message_id)
                 else:
                     failures += 1
+    received, settled = Counter(received_ids), Counter(settled_ids)
     extra: dict[str, Any] = {"receive_rounds": rounds,
                              "mean_batch": round(sum(received.values()) / max(rounds, 1), 1)}
     if commands:

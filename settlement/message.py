@@ -188,7 +188,9 @@ class ServiceBusReceivedMessage(ServiceBusMessage):
     lock_token: str | None = None
     locked_until_utc: dt.datetime | None = None
     delivery_count: int = 0
-    enqueued_time_utc: dt.datetime | None = None
+    #: the record's log timestamp (ms): :attr:`enqueued_time_utc` is made
+    #: from it when read, and a settlement reports it as it is
+    _enqueued_ms: int | None = None
     dead_letter_reason: str | None = None
     dead_letter_error_description: str | None = None
     dead_letter_source: str | None = None
@@ -229,6 +231,14 @@ class ServiceBusReceivedMessage(ServiceBusMessage):
             self._decoded_properties = decoded
         self._granted_token = kwargs.get("lock_token")
         self.sequence_number: int
+
+    @property
+    def enqueued_time_utc(self) -> dt.datetime | None:
+        """When the broker appended the message's record (its log timestamp).
+        Made when read: a datetime made for every message received, and its
+        milliseconds again for every settlement, were 4 % of the client's
+        time in a receive 1,000 + complete_messages loop (py-spy --gil)."""
+        return utc_from_ms(self._enqueued_ms)
 
     @property
     def enqueued_sequence_number(self) -> int:

@@ -97,7 +97,7 @@ def contents(value: bytes | None, headers: Headers, timestamp_ms: int | None,
     if malformed is not None:
         given["malformed_reason"] = malformed
     given["sequence_number"] = sequence_number(partition, offset)
-    given["enqueued_time_utc"] = utc_from_ms(timestamp_ms)
+    given["_enqueued_ms"] = timestamp_ms
     return body, given
 
 

@@ -429,10 +429,13 @@ class ServiceBusReceiver:
                 # first delivery), and a peek the deliveries so far.
                 "lock_token": token, "delivery_count": count if peeked else max(0, count - 1),
                 "locked_until_utc": lock_ends[until] if token else None,
-                "dead_letter_reason": grant.reason,
-                "dead_letter_error_description": grant.description,
-                "dead_letter_source": grant.source, "state": message_records.STATES[grant.state],
             }
+            if grant.state != "active" or not (grant.reason is grant.description is grant.source
+                                                is None):  # else the class's defaults hold
+                delivery |= {"dead_letter_reason": grant.reason,
+                             "dead_letter_error_description": grant.description,
+                             "dead_letter_source": grant.source,
+                             "state": message_records.STATES[grant.state]}
             message = ahead.pop(offset, None) if ahead else None
             if message is not None:
                 message._deliver(**delivery)
@@ -825,8 +828,7 @@ def _settle_item(message: ServiceBusReceivedMessage, action: str, reason: str | 
                  description: str | None = None) -> SettleItem:
     """The settlement of a received message, with the log timestamp the engine
     reports with it (end-to-end latency)."""
-    stamp = message.enqueued_time_utc
+    stamp = message._enqueued_ms
     return SettleItem(message.offset, message.lock_token, _ACTIONS.get(action) or Action(action),
-                      reason, description,
-                      enqueued_ms=max(0, epoch_ms(stamp)) if stamp is not None else None)
+                      reason, description, None, max(0, stamp) if stamp is not None else None)
 
