@@ -762,7 +762,8 @@ class ServiceBusReceiver:
 
     def _reader(self, partition: int) -> PartitionReader:
         if partition not in self._readers:
-            self._readers[partition] = self._pool.take(self._topic, partition)
+            self._readers[partition] = self._pool.take(
+                self._topic, partition, shared=isinstance(self._props, SubscriptionProperties))
         return self._readers[partition]
 
     def _check_open(self) -> None:

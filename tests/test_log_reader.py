@@ -112,6 +112,39 @@ def test_a_reader_draining_its_fetch_queue_fast_finds_the_next_records_fetched(
         pool.close()
 
 
+def test_the_receivers_of_a_topics_subscriptions_share_one_reader_that_keeps_what_each_read(
+        broker: Broker) -> None:
+    """Readers taken ``shared`` (a topic's subscriptions) are one reader, one
+    consumer, until the last gives it back; a record one of them read stays
+    kept for the next that wants it (``all`` after ``low``), without a
+    seek back. Not shared (a queue's receivers), each gets its own."""
+    settings, topic, append = one_partition_log(broker)
+    records = 400
+    append(records)
+    pool = ReaderPool(settings)
+    low, everything = pool.take(topic, 0, shared=True), pool.take(topic, 0, shared=True)
+    alone = pool.take(topic, 0)
+    try:
+        assert low is everything and alone is not low
+        evens = list(range(0, records, 2))
+        assert [r.value() for r in low.read(evens).values() if r is not None] == [
+            f"record {o}".encode() for o in evens]
+        sought: list[int] = []
+        seek = everything._seek
+        everything._seek = lambda offset: (sought.append(offset), seek(offset))[1]  # type: ignore[method-assign]
+        got = everything.read(list(range(records)))
+        assert [(o, r.value() if r is not None else None) for o, r in sorted(got.items())] == [
+            (o, f"record {o}".encode()) for o in range(records)]
+        assert sought == []  # what low read was kept for it: no seek back
+    finally:
+        pool.give_back(low)
+        pool.give_back(alone)
+        assert pool.take(topic, 0, shared=True) is everything  # still shared with one user
+        pool.give_back(everything)
+        pool.give_back(everything)
+        pool.close()
+
+
 def _records(offsets: range) -> list[tuple[int, Message]]:
     return [(o, Message(topic="t", partition=0, offset=o, value=f"record {o:04}".encode()))
             for o in offsets]
