@@ -341,12 +341,15 @@ class ReaderPool:
     of the same log, and a reader each meant a consumer each, every one of
     them fetching the whole log ahead into its own queue (ten subscriptions:
     the client's librdkafka and the broker read each record ten times). With
-    one, the log is fetched once and :class:`Kept` hands each subscription
-    its records (a harness of bench-topics' ten subscriptions, Apache Kafka,
-    2026-12-04: 23,800-28,300 settled msg/s, 0.63-0.90 of the queue's rate,
-    with a reader each; 26,800-33,300, 0.80-0.84, with one). The receivers
-    of a queue take a reader each: they read the records granted to each of
-    them, side by side."""
+    one, the log is fetched once and its :class:`Kept` (``fan_out``) hands
+    each subscription its records: one consumer per partition and client,
+    not one per subscription (bench-topics' rates moved within their noise
+    with it; the broker's share of a core in the ten subscriptions' drain
+    fell from 0.20-0.42 to 0.19-0.27, docs/benchmark-log.md, 2026-12-04).
+    The first taker of a partition decides whether its keep fans out; a
+    topic's log is only ever taken shared. The receivers of a queue take a
+    reader each: they read the records granted to each of them, side by
+    side."""
 
     def __init__(self, settings: ConnectionSettings) -> None:
         self._settings = settings
@@ -388,9 +391,12 @@ class ReaderPool:
             if key not in self._shared:
                 self._shared[key] = (reader, 0)
                 return self._share(key)
-        # another receiver's thread made one meanwhile: that one is shared
-        self.give_back(reader)
-        return self.take(topic, partition, shared=True)
+            # another receiver's thread made one meanwhile: that one is
+            # shared, and this one closed rather than left idle
+            self._forget(key)
+            shared_reader = self._share(key)
+        reader.close()
+        return shared_reader
 
     def _share(self, key: tuple[str, int]) -> PartitionReader:
         reader, users = self._shared[key]

@@ -145,6 +145,36 @@ def test_the_receivers_of_a_topics_subscriptions_share_one_reader_that_keeps_wha
         pool.close()
 
 
+def test_receivers_taking_a_shared_reader_at_once_get_one_and_leave_no_other_consumer(
+        broker: Broker) -> None:
+    """Subscriptions' receivers opened side by side each start a reader (a
+    new consumer takes 10-50 ms to learn the log's end); they all get the
+    one shared, and the readers made meanwhile are closed, not left idle."""
+    settings, topic, append = one_partition_log(broker)
+    append(10)
+    pool = ReaderPool(settings)
+    got: list[_log_reader.PartitionReader] = []
+    start = threading.Barrier(4)
+
+    def take() -> None:
+        start.wait()
+        got.append(pool.take(topic, 0, shared=True))
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(got) == 4 and len({id(r) for r in got}) == 1
+        for reader in got:
+            pool.give_back(reader)
+        assert pool._idle == [got[0]]
+        assert pool._readers == {(topic, 0): 1}
+    finally:
+        pool.close()
+
+
 def _records(offsets: range) -> list[tuple[int, Message]]:
     return [(o, Message(topic="t", partition=0, offset=o, value=f"record {o:04}".encode()))
             for o in offsets]
