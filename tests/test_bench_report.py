@@ -93,9 +93,16 @@ def test_a_busier_machine_runs_the_speed_loop_slower() -> None:
     processes spinning for each core, it gets a share of a core and takes
     longer."""
     alone = python_speed(2_000_000)
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # each spinner says when its interpreter is up: measured before they
+    # spun (an interpreter takes tens of ms to start), the probe ran alone
+    # (CI, 2026-12-04: 0.06 s busy against 0.07 s alone)
+    spinners = [subprocess.Popen([sys.executable, "-c", "print(flush=True)\nwhile True: pass"],
+                                 stdout=subprocess.PIPE)
                 for _ in range(2 * (os.cpu_count() or 1))]
     try:
+        for p in spinners:
+            assert p.stdout is not None
+            p.stdout.readline()
         busy = python_speed(2_000_000)
     finally:
         for p in spinners:
