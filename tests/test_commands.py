@@ -222,6 +222,42 @@ def test_a_settle_item_round_trips_through_its_list_form(wire: list[Any]) -> Non
     assert (item.offset, item.lock_token, item.action) == (wire[0], wire[1], Action(wire[2]))
 
 
+def test_settlements_of_one_acquire_travel_as_one_group_and_come_back_as_its_items() -> None:
+    secret = "ab" * 16
+    mine = [SettleItem(o, lock_token(secret, 7, o), Action.COMPLETE, enqueued_ms=100 + o)
+            for o in (3, 4, 9)]
+    other = SettleItem(10, lock_token(secret, 8, 10), Action.COMPLETE)
+    dead = SettleItem(11, lock_token(secret, 8, 11), Action.DEAD_LETTER, "bad", "why")
+    wire = SettleArgs((*mine, other, dead)).to_wire()["items"]
+    assert wire == [{"offsets": [3, 4, 9], "token": mine[0].lock_token, "action": "complete",
+                     "enqueued": [103, 104, 109]},
+                    other.to_wire(), dead.to_wire()]
+    items = SettleArgs.from_wire({"items": wire}).items
+    assert [(i.offset, i.lock_token, i.token_offset, i.enqueued_ms) for i in items[:3]] == [
+        (3, mine[0].lock_token, 3, 103), (4, mine[0].lock_token, 3, 104),
+        (9, mine[0].lock_token, 3, 109)]
+    assert items[3:] == (other, dead)
+    # the engine's items travel again as they came, the token's offset with them
+    assert SettleArgs(items[1:3]).to_wire()["items"] == [
+        {"offsets": [4, 9], "token": mine[0].lock_token, "action": "complete",
+         "enqueued": [104, 109], "of": 3}]
+
+
+@pytest.mark.parametrize("group, fragment", [
+    ({"offsets": [], "token": "t", "action": "complete"}, "'offsets'"),
+    ({"offsets": [1, -2], "token": "t", "action": "complete"}, "'offsets'"),
+    ({"offsets": [1], "token": None, "action": "complete"}, "'token'"),
+    ({"offsets": [1], "token": "t", "action": "dead_letter"}, "action must be one of"),
+    ({"offsets": [1, 2], "token": "t", "action": "complete", "enqueued": [1]}, "'enqueued'"),
+    ({"offsets": [1], "token": "t", "action": "complete", "of": "x"}, "'of'"),
+    ({"offsets": list(range(5001)), "token": "t", "action": "complete"}, "at most 5000"),
+])
+def test_a_malformed_settlement_group_is_refused_with_its_reason(
+        group: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(CommandError, match=fragment):
+        SettleArgs.from_wire({"items": [group]})
+
+
 @pytest.mark.parametrize("code", list(ErrorCode))
 def test_every_error_code_raises_its_own_exception(code: ErrorCode) -> None:
     error = for_code(code)

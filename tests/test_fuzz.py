@@ -66,10 +66,15 @@ def receive(receiver: Any, count: int) -> list[ServiceBusReceivedMessage]:
 def command_body(rng: random.Random, queue: str, op: str) -> dict[str, Any]:
     """A well-formed command of ``op`` for the queue's window."""
     offsets = [rng.randrange(0, 400) for _ in range(rng.randint(1, 20))]
+    # settlements one by one, or as one group of an acquire (with a token nobody was given)
+    items: list[Any] = [[o, str(uuid.UUID(int=rng.getrandbits(128), version=4)),
+                         rng.choice(["complete", "dead_letter", "defer", "abandon"]),
+                         None, None] for o in offsets]
+    if rng.random() < 0.3:
+        items = [{"offsets": offsets, "token": items[0][1],
+                  "action": rng.choice(["complete", "defer", "abandon"])}]
     args: dict[str, Any] = {
-        "settle": {"items": [[o, str(uuid.UUID(int=rng.getrandbits(128), version=4)),
-                              rng.choice(["complete", "dead_letter", "defer", "abandon"]),
-                              None, None] for o in offsets]},
+        "settle": {"items": items},
         "stats": {"hw": 0},
         "peek": {"sub": "active", "from": 0, "max": 5, "hw": 0},
         "expire": {},

@@ -62,6 +62,23 @@ def test_abandon_redelivers_first_with_a_higher_delivery_count() -> None:
     assert [(g[0], g[3]) for g in again] == [(0, 2), (2, 1)]
 
 
+def test_a_group_settles_with_one_token_only_what_its_acquire_still_locks() -> None:
+    win = new_window()
+    first = acquire(win, 0, n=3, hw=6)
+    assert settle(win, 10, first[1:2], "abandon") == ["ok"]
+    second = acquire(win, 20, n=3, hw=6)  # offset 1 again, and 3, 4
+    assert [g[0] for g in second] == [1, 3, 4]
+    group = {"offsets": [0, 1, 2, 3], "token": first[0][1], "action": "complete"}
+    results = win.apply(cmd("settle", items=[group]), 30).result["results"]
+    # 1 is the second acquire's now, 3 was never the first's
+    assert [r[0] for r in results] == ["ok", "lock_lost", "ok", "lock_lost"]
+    forged = {"offsets": [4], "token": first[0][1], "action": "complete", "of": 0}
+    assert win.apply(cmd("settle", items=[forged]), 30).result["results"] == [["lock_lost", 0]]
+    held = {"offsets": [1, 3, 4], "token": second[2][1], "action": "complete", "of": 4}
+    assert [r[0] for r in win.apply(cmd("settle", items=[held]), 30).result["results"]] == [
+        "ok", "ok", "ok"]
+
+
 def test_lapsed_lock_counts_a_delivery_and_loses_the_token() -> None:
     win = new_window()
     grants = acquire(win, 0, n=1, hw=1)

@@ -33,7 +33,12 @@ Operations clients send, and their own fields:
                       defer, renew, schedule (park until ``at_ms``: the receiver found the
                       message not yet due) and expire (its time to live has passed);
                       ``at_ms`` may be left out for the other actions; ``enqueued_ms``
-                      (the record's log timestamp, for end-to-end latency) may be left out
+                      (the record's log timestamp, for end-to-end latency) may be left out.
+                      Messages of one acquire settled alike travel as one group
+                      instead, ``{"offsets": [...], "token": lock_token, "action": ...,
+                      "enqueued": [...], "of": offset}`` (:class:`SettleItem` says why):
+                      ``token`` is the lock token of ``of`` (left out: ``offsets[0]``), and
+                      ``enqueued`` (one per offset, 0 for unknown) may be left out
 ``stats``             ``hw``: counts of the window; ``version`` (optional): first wait
                       until the engine has read the entities topic up to this offset
                       (the administration client, after writing a definition)
@@ -249,6 +254,25 @@ class SettleItem:
     at_ms: int | None = None
     #: the record's log timestamp, for end-to-end latency
     enqueued_ms: int | None = None
+    #: the offset ``lock_token`` was granted for, when it is not ``offset``:
+    #: an item of a group (:meth:`SettleArgs.to_wire`), whose one token
+    #: stands for every offset of its acquire. Never on the wire by itself.
+    token_offset: int | None = None
+
+    def grouped_with(self, first: SettleItem) -> bool:
+        """Whether this item may travel in the group ``first`` opened
+        (:meth:`SettleArgs.to_wire`): the same plain action, and a lock
+        token of the same acquire (the tokens of one acquire share their
+        first 19 characters: :func:`lock_token`), or the very token of
+        ``first`` where both came in one group."""
+        token, head = self.lock_token, first.lock_token
+        if (self.action is not first.action or self.reason is not None
+                or self.description is not None or self.at_ms is not None
+                or token is None or head is None):
+            return False
+        if self.token_offset is not None or first.token_offset is not None:
+            return token == head and self.token_offset == first.token_offset
+        return token.startswith(head[:_BATCH_HEAD])
 
     def to_wire(self) -> list[Any]:
         """The list form; trailing fields left out when null, as they may be."""
@@ -286,9 +310,46 @@ class SettleItem:
                                    f"at most {MAX_TEXT} characters")
         return cls(offset, token, known, reason, description, at, enqueued)
 
+    @classmethod
+    def group_from_wire(cls, group: dict[str, Any]) -> list[SettleItem]:
+        """Validate a group of a ``settle`` command (:meth:`SettleArgs.to_wire`)
+        once, and give its items: each carries the group's token and the
+        offset it was granted for, which the engine checks once for them
+        all (``streams.window.InflightWindow._held``)."""
+        offsets, token = group.get("offsets"), group.get("token")
+        if not (isinstance(offsets, list) and offsets
+                and all(_is_count(o) for o in offsets)):
+            raise CommandError("a settlement group's 'offsets' must be a non-empty list of "
+                               "non-negative integers")
+        if not isinstance(token, str) or len(token) > 64:
+            raise CommandError("a settlement group's 'token' must be a lock token")
+        action = group.get("action")
+        known = _ACTIONS.get(action) if isinstance(action, str) else None
+        if known not in _GROUPED:
+            raise CommandError(f"a settlement group's action must be one of "
+                               f"{sorted(a.value for a in _GROUPED)}, got {action!r}")
+        enqueued = group.get("enqueued")
+        if enqueued is None:
+            enqueued = [0] * len(offsets)
+        elif not (isinstance(enqueued, list) and len(enqueued) == len(offsets)
+                  and all(_is_count(e) for e in enqueued)):
+            raise CommandError("a settlement group's 'enqueued' must hold a non-negative "
+                               "integer per offset")
+        of = group.get("of", offsets[0])
+        if not _is_count(of):
+            raise CommandError("a settlement group's 'of' must be the offset its token is of")
+        return [cls(offset, token, known, None, None, None, stamp or None, of)
+                for offset, stamp in zip(offsets, enqueued, strict=True)]
+
 
 #: an action's wire name -> the action
 _ACTIONS = {a.value: a for a in Action}
+#: the actions a group of settlements may take: those with no texts or times
+_GROUPED = frozenset({Action.COMPLETE, Action.ABANDON, Action.DEFER, Action.RENEW,
+                      Action.RELEASE, Action.EXPIRE})
+#: how long the part of a lock token shared by one acquire's tokens is
+#: (:func:`lock_token`: a UUID's first three groups and their dashes)
+_BATCH_HEAD = 19
 
 
 @immutable
@@ -430,7 +491,12 @@ class SettleArgs(WireArgs):
     until: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        wire: dict[str, Any] = {"items": [item.to_wire() for item in self.items]}
+        """The items, those of one acquire settled alike in a row as one
+        group: its offsets, one lock token and one action. A receive of
+        1,000 then settles in one small object rather than a thousand lists
+        of seven fields, each with its token, and the engine checks the
+        group's token once (85 -> 22 KB a command of 1,000)."""
+        wire: dict[str, Any] = {"items": _grouped(self.items)}
         if self.quiet:
             if self.until is not None:
                 wire["until"] = self.until
@@ -449,7 +515,46 @@ class SettleArgs(WireArgs):
         if until is not None and (isinstance(until, bool) or not isinstance(until, int)
                                   or until < 0):
             raise CommandError("field 'until' must be a time in ms since the epoch")
-        return cls(tuple(SettleItem.from_wire(item) for item in items), quiet, until)
+        # counted before a group is made into items: a group's offsets are
+        # bounded by the record's size alone
+        if sum(len(i["offsets"]) if isinstance(i, dict) and isinstance(i.get("offsets"), list)
+               else 1 for i in items) > MAX_ACQUIRE:
+            raise CommandError(f"a settle command settles at most {MAX_ACQUIRE} messages")
+        settled: list[SettleItem] = []
+        for item in items:
+            if isinstance(item, dict):
+                settled += SettleItem.group_from_wire(item)
+            else:
+                settled.append(SettleItem.from_wire(item))
+        return cls(tuple(settled), quiet, until)
+
+
+def _grouped(items: tuple[SettleItem, ...]) -> list[Any]:
+    """``items`` on the wire: each run of items :meth:`SettleItem.grouped_with`
+    its first as one group (a lone item as its list, unless its token is of
+    another offset)."""
+    wire: list[Any] = []
+    at, count = 0, len(items)
+    while at < count:
+        first = items[at]
+        end = at + 1
+        if first.action in _GROUPED:
+            while end < count and items[end].grouped_with(first):
+                end += 1
+        if end - at == 1 and first.token_offset in (None, first.offset):
+            wire.append(first.to_wire())
+        else:
+            run = items[at:end]
+            group: dict[str, Any] = {"offsets": [i.offset for i in run],
+                                     "token": first.lock_token,
+                                     "action": first.action.value}
+            if any(i.enqueued_ms for i in run):
+                group["enqueued"] = [i.enqueued_ms or 0 for i in run]
+            if first.token_offset not in (None, first.offset):
+                group["of"] = first.token_offset
+            wire.append(group)
+        at = end
+    return wire
 
 
 @dataclass(frozen=True)
