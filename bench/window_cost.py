@@ -37,6 +37,7 @@ from topics.commands import (
     SettleItem,
     decode_command,
     encode_command,
+    grants_from_wire,
 )
 
 P = ParamSpec("P")
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             sizes.append(len(raw))
             commands += 1
             if op == "acquire":
-                grants = [Grant.from_wire(g) for g in outcome.result["grants"]]
+                grants = grants_from_wire(outcome.result["grants"])
     total = sum(cost.values())
     print(f"{commands} commands (acquire {b} + settle {b}) for {n:,} messages")
     for name, seconds in cost.items():
@@ -117,7 +118,7 @@ def _each(n: int, b: int, together: int) -> int:
         wires = [encode_command(Command(uuid.uuid4().hex, "q", 0, SettleArgs(
             (SettleItem(g.offset, g.lock_token, Action.COMPLETE),), quiet=True,
             until=g.locked_until_ms), reply))
-            for g in (Grant.from_wire(g) for g in outcome.result["grants"])]
+            for g in grants_from_wire(outcome.result["grants"])]
         for first in range(0, len(wires), together):
             t0 = time.perf_counter()
             cmds = [decode_command(wire) for wire in wires[first:first + together]]

@@ -43,7 +43,7 @@ from prometheus_client.registry import Collector
 from streams import command_agent
 from streams.app import app, stored_headers
 from streams.window import InflightWindow
-from topics.commands import Command, SettleArgs
+from topics.commands import Command, SettleArgs, granted
 from topics.errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ def _answered(cmd: Command, result: dict[str, Any], code: ErrorCode | None) -> N
         for item, (status, _until) in zip(cmd.args.items, result["results"], strict=False):
             SETTLEMENTS.labels(cmd.entity, str(item.action), status).inc()
     if "grants" in result:
-        DELIVERED.labels(cmd.entity).inc(len(result["grants"]))
+        DELIVERED.labels(cmd.entity).inc(granted(result["grants"]))
 
 
 class _ErrorCounter(logging.Handler):

@@ -159,13 +159,15 @@ def acquire(window: WindowView, args: AcquireArgs, events: list[Event]) -> dict[
             picked.append(offset)
     if args.mode == "receive_and_delete":
         return acquire_result(window.delete_on_receipt(picked, events), window.next)
-    grants = []
+    deliveries = []
     for offset in picked:
         entry = window.entries.get(offset)
         assert entry is not None
         locked = Entry(LOCKED, entry.deliveries + 1, session.batch, session.until)
         window.put(offset, locked)
-        grants.append(window.grant(offset, locked))
+        deliveries.append(locked.deliveries)
+    grants = [window.grant_group(picked, deliveries, session.batch, session.until)
+              ] if picked else []
     if picked:
         events.append(Event("locked", picked, {"until": session.until,
                                                "session": session.id}))

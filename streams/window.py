@@ -77,6 +77,7 @@ from topics.commands import (
     Command,
     ExpireArgs,
     Grant,
+    GrantGroup,
     Op,
     PeekArgs,
     Policy,
@@ -446,7 +447,11 @@ class InflightWindow:
             deleted: list[list[int]] = []
             # read off the wire form (Grant.to_wire's order): a Grant each
             # cost more than the lock itself for large acquires
-            for offset, token, _until, deliveries, *_ in result["grants"]:
+            for grant in result["grants"]:
+                if isinstance(grant, dict):  # a group (GrantGroup.to_wire): locked
+                    locked += grant["offsets"]
+                    continue
+                offset, token, _until, deliveries, *_ = grant
                 if token is None:
                     deleted.append([offset, deliveries])
                 else:
@@ -594,17 +599,36 @@ class InflightWindow:
                      entry.reason, entry.description, entry.source,
                      _GRANT_STATE.get(entry.state, "active"))
 
-    def _lock(self, offsets: list[int], state: str, batch: int, until: int) -> list[Grant]:
-        """Lock offsets for one acquire; their lock ends share one timer."""
-        grants = []
+    def _lock(self, offsets: list[int], state: str, batch: int, until: int
+              ) -> list[Grant | GrantGroup]:
+        """Lock offsets for one acquire; their lock ends share one timer.
+        Active messages locked alike in a row are granted as one group, its
+        one token derived for its first offset (:class:`GrantGroup`)."""
+        grants: list[Grant | GrantGroup] = []
+        alike: list[int] = []
+        deliveries: list[int] = []
         for offset in offsets:
             entry = self.entries.get(offset) or _NEVER_LOCKED
             locked = Entry(state, entry.deliveries + 1, batch, until, reason=entry.reason,
                            description=entry.description, source=entry.source)
             self.put(offset, locked)
+            if state == LOCKED and entry.reason is entry.description is entry.source is None:
+                alike.append(offset)
+                deliveries.append(locked.deliveries)
+                continue
+            if alike:
+                grants.append(self.grant_group(alike, deliveries, batch, until))
+                alike, deliveries = [], []
             grants.append(self.grant(offset, locked))
+        if alike:
+            grants.append(self.grant_group(alike, deliveries, batch, until))
         self.due.add(until, LOCK, f"{batch:016x}", offsets)
         return grants
+
+    def grant_group(self, offsets: list[int], deliveries: list[int], batch: int, until: int
+                    ) -> GrantGroup:
+        """Active messages of one acquire locked alike, granted together."""
+        return GrantGroup(offsets, lock_token(self.secret, batch, offsets[0]), until, deliveries)
 
     def _acquire(self, cmd: Command[AcquireArgs], now: int, events: list[Event]
                  ) -> dict[str, Any]:

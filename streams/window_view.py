@@ -12,7 +12,7 @@ from streams.due_index import DueIndex
 from streams.entries import Entries, Entry
 from streams.session_index import SessionIndex
 from streams.states import Event
-from topics.commands import Grant
+from topics.commands import Grant, GrantGroup
 
 
 class WindowView(Protocol):
@@ -38,6 +38,9 @@ class WindowView(Protocol):
     def leave_out(self, runs: list[int]) -> None: ...
 
     def grant(self, offset: int, entry: Entry) -> Grant: ...
+
+    def grant_group(self, offsets: list[int], deliveries: list[int], batch: int, until: int
+                    ) -> GrantGroup: ...
 
     def locked_at(self, entry: Entry) -> int: ...
 

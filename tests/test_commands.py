@@ -33,6 +33,7 @@ from topics.commands import (
     Command,
     CommandError,
     Grant,
+    GrantGroup,
     ListSessionsArgs,
     LockSessionArgs,
     Op,
@@ -47,10 +48,13 @@ from topics.commands import (
     SettleArgs,
     SettleItem,
     StatsArgs,
+    acquire_result,
     answered_by_no_one,
     decode_command,
     encode_command,
     final_at_append,
+    granted,
+    grants_from_wire,
     lock_token,
     wake_headers,
 )
@@ -205,6 +209,23 @@ def test_a_reply_reads_its_grants_by_name() -> None:
     reply = Reply("id", "client", True, {"grants": GRANTS, "next": 7})
     assert [g.offset for g in reply.grants] == [4, 5, 6]
     assert reply.grants[2].reason == "MaxDeliveryCountExceeded"
+
+
+def test_a_group_of_grants_gives_each_offset_the_token_the_engine_derives_for_it() -> None:
+    secret, batch = "cd" * 16, 41
+    offsets = [5, 6, 9, (1 << 62) + 3]
+    group = GrantGroup(offsets, lock_token(secret, batch, 5), 900, [1, 1, 2, 1])
+    dead = Grant(11, lock_token(secret, batch, 11), 900, 3, "bad", "why", "q", "deadletter")
+    wire = acquire_result([group, dead, GrantGroup([12], lock_token(secret, batch, 12), 900,
+                                                    [1])], 13)["grants"]
+    assert wire[2] == {"offsets": [12], "token": lock_token(secret, batch, 12), "until": 900,
+                       "deliveries": 1}
+    assert granted(wire) == 6
+    grants = grants_from_wire(wire)
+    assert [(g.offset, g.lock_token, g.deliveries) for g in grants] == [
+        (o, lock_token(secret, batch, o), d) for o, d in zip([*offsets, 11, 12],
+                                                             [1, 1, 2, 1, 3, 1], strict=True)]
+    assert grants[4] == dead and grants[5].state == "active"
 
 
 SETTLE_ITEMS: list[list[Any]] = [

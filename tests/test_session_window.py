@@ -17,7 +17,7 @@ from streams.states import SESSION_ID_NULL_REASON, Refused
 from streams.store import MemoryStore, Txn
 from streams.window import InflightWindow
 from tests.wire_commands import wire_command
-from topics.commands import ClientArgs, Command, Policy
+from topics.commands import ClientArgs, Command, Policy, grants_from_wire
 
 _ids = itertools.count()
 POLICY = Policy(lock_ms=1000, max_delivery=3, requires_session=True)
@@ -45,8 +45,9 @@ def lock(win: InflightWindow, session: str | None, now: int) -> dict:
 
 
 def receive(win: InflightWindow, held: dict, now: int, n: int = 10) -> list[list]:
-    return win.apply(cmd("acquire", sub="active", mode="peek_lock", max=n, hw=0,
-                         session=held["session"], token=held["token"]), now).result["grants"]
+    grants = win.apply(cmd("acquire", sub="active", mode="peek_lock", max=n, hw=0,
+                           session=held["session"], token=held["token"]), now).result["grants"]
+    return [g.to_wire() for g in grants_from_wire(grants)]
 
 
 def settle(win: InflightWindow, grants: list[list], action: str, now: int) -> list[str]:

@@ -9,7 +9,7 @@ from streams.answers import KEEP_MS
 from streams.states import MAX_DELIVERY_REASON
 from streams.window import MAX_LEFT_OUT_RANGES, InflightWindow
 from tests.wire_commands import wire_command
-from topics.commands import ClientArgs, Command, ExpireArgs, Policy
+from topics.commands import ClientArgs, Command, ExpireArgs, Policy, grants_from_wire
 from topics.runs import as_runs
 
 _ids = itertools.count()
@@ -29,8 +29,9 @@ def new_window() -> InflightWindow:
 
 def acquire(win: InflightWindow, now: int, n: int = 10, hw: int = 0, sub: str = "active",
             mode: str = "peek_lock", cmd_id: str | None = None) -> list[list]:
-    return win.apply(cmd("acquire", cmd_id, sub=sub, mode=mode, max=n, hw=hw),
-                     now).result["grants"]
+    grants = win.apply(cmd("acquire", cmd_id, sub=sub, mode=mode, max=n, hw=hw),
+                       now).result["grants"]
+    return [g.to_wire() for g in grants_from_wire(grants)]
 
 
 def settle(win: InflightWindow, now: int, grants: list[list], action: str,

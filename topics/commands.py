@@ -75,15 +75,17 @@ The code ``ServerBusy`` answers a command over the namespace's limit of
 commands per second before the engine ran it: the same command may be sent
 again (clients wait 10 s first). An acquire's result is ``{"grants":
 [[offset, lock_token, locked_until_ms, deliveries, reason, description, source,
-state]], "next": ...}``; a settle's, announce's or cancel's ``{"results":
-[[status, until]]}``.
+state]], "next": ...}``, the active messages it locked alike in a row as one
+group ``{"offsets": [...], "token": lock token of offsets[0], "until":
+locked_until_ms, "deliveries": n or [n per offset]}`` (:class:`GrantGroup`);
+a settle's, announce's or cancel's ``{"results": [[status, until]]}``.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any, ClassVar, Generic, Self, TypeGuard, TypeVar
@@ -379,6 +381,59 @@ class Grant:
     def from_wire(cls, grant: list[Any]) -> Grant:
         offset, token, until, deliveries, reason, description, source, state = grant
         return cls(offset, token, until, deliveries, reason, description, source, state)
+
+
+@immutable
+class GrantGroup:
+    """Active messages one acquire locked alike, in the order it handed
+    them out: one lock end, no dead-letter fields, and one lock token, that
+    of ``offsets[0]``, from which the others follow (:func:`lock_token`).
+    The engine derives one token per group rather than one per message
+    (a tenth of its time locking batches of 1,000), and a receive of 1,000
+    reads one small object instead of a thousand lists with a token each
+    (85 -> 8 KB)."""
+
+    offsets: list[int]
+    lock_token: str
+    locked_until_ms: int
+    #: deliveries counted by the engine, this one included, per offset
+    deliveries: list[int]
+
+    def to_wire(self) -> dict[str, Any]:
+        deliveries = self.deliveries
+        same = all(d == deliveries[0] for d in deliveries)
+        return {"offsets": self.offsets, "token": self.lock_token,
+                "until": self.locked_until_ms, "deliveries": deliveries[0] if same else deliveries}
+
+    @staticmethod
+    def grants_from_wire(group: dict[str, Any]) -> Iterator[Grant]:
+        """The grant of each offset of a group on the wire, its token worked out."""
+        offsets, until, deliveries = group["offsets"], group["until"], group["deliveries"]
+        each = deliveries if isinstance(deliveries, list) else [deliveries] * len(offsets)
+        tokens = sibling_tokens(group["token"], offsets[0], offsets)
+        return (Grant(offset, token, until, count)
+                for offset, token, count in zip(offsets, tokens, each, strict=True))
+
+
+def grants_from_wire(wire: list[Any]) -> list[Grant]:
+    """An acquire's grants on the wire, its groups made into their grants.
+    Each wire form is let go as its grants are made (a thousand lists kept
+    beside their grants were a thousand more objects for the client's
+    garbage collector while a receive of 1,000 was read)."""
+    wire.reverse()
+    grants: list[Grant] = []
+    for _ in range(len(wire)):
+        item = wire.pop()
+        if isinstance(item, dict):
+            grants += GrantGroup.grants_from_wire(item)
+        else:
+            grants.append(Grant.from_wire(item))
+    return grants
+
+
+def granted(wire: list[Any]) -> int:
+    """How many messages an acquire's grants on the wire hand out."""
+    return sum(len(g["offsets"]) if isinstance(g, dict) else 1 for g in wire)
 
 
 # ------------------------------------------------------------- arguments
@@ -766,13 +821,9 @@ class Reply:
     @functools.cached_property
     def grants(self) -> list[Grant]:
         """What an acquire handed out (none if it handed out nothing),
-        decoded once: a receive reads them four times (a thousand grants took
-        0.56 ms each time). Each list is let go as its grant is made: kept
-        beside the grants, they were a thousand more objects for the
-        client's garbage collector while a receive of 1,000 was read."""
-        wire: list[list[Any]] = self.result.pop("grants", [])
-        wire.reverse()
-        return [Grant.from_wire(wire.pop()) for _ in range(len(wire))]
+        decoded once (:func:`grants_from_wire`): a receive reads them four
+        times (a thousand grants took 0.56 ms each time)."""
+        return grants_from_wire(self.result.pop("grants", []))
 
     @property
     def statuses(self) -> Iterator[tuple[str, int]]:
@@ -783,8 +834,8 @@ class Reply:
         return ((status, until) for status, until in self.result.get("results", ()))
 
 
-def acquire_result(grants: list[Grant], next_offset: int, batch: int | None = None
-                   ) -> dict[str, Any]:
+def acquire_result(grants: Sequence[Grant | GrantGroup], next_offset: int,
+                   batch: int | None = None) -> dict[str, Any]:
     """An acquire's answer (:attr:`Reply.grants` reads it); ``batch`` is the
     lock batch of a session's, which its replay needs."""
     result: dict[str, Any] = {"grants": [g.to_wire() for g in grants], "next": next_offset}
@@ -980,6 +1031,17 @@ def lock_token(secret: str, batch: int, offset: int) -> str:
     head, tail = _batch_key(secret, batch)
     low = "%016x" % (tail ^ (offset & _LOW_62))
     return head + low[:4] + "-" + low[4:]
+
+
+def sibling_tokens(token: str, offset: int, offsets: list[int]) -> Iterator[str]:
+    """The lock tokens of ``offsets`` in the acquire that granted ``token``
+    for ``offset`` (:class:`GrantGroup`): :func:`lock_token`'s keyed hash is
+    read back from the one token."""
+    head, low = token[:_BATCH_HEAD], token[_BATCH_HEAD:].replace("-", "")
+    tail = int(low, 16) ^ (offset & _LOW_62)
+    for other in offsets:
+        low = "%016x" % (tail ^ (other & _LOW_62))
+        yield head + low[:4] + "-" + low[4:]
 
 
 _LOW_62 = (1 << 62) - 1
