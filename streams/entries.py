@@ -42,6 +42,14 @@ from topics.immutable import immutable
 from topics.runs import as_runs, run_offsets
 
 CHUNK = 128
+
+
+class Unread:
+    """The type of :data:`UNREAD`."""
+
+
+#: an entry not read yet (None is an offset without one)
+UNREAD = Unread()
 #: dead-letter texts longer than this (reason and description together) are
 #: kept apart from their chunk
 TEXTS_INLINE = 256
@@ -144,11 +152,16 @@ class Entries:
             entry = chunk.restore(offset, replace(entry, reason=reason, description=description))
         return entry
 
-    def put(self, offset: int, entry: Entry | None) -> None:
-        """Set (or with None, forget) the entry of ``offset``."""
+    def put(self, offset: int, entry: Entry | None, old: Entry | None | Unread = UNREAD
+            ) -> None:
+        """Set (or with None, forget) the entry of ``offset``; ``old``: its
+        entry until now, if the caller has just read it (:meth:`get`): an
+        acquire and a settlement of 1,000 read each entry once, not twice
+        (a sixth of the window's time with them)."""
         number = offset // CHUNK
         chunk = self._chunk(number)
-        old = self._read(chunk, offset)
+        if isinstance(old, Unread):
+            old = self._read(chunk, offset)
         if old is not None:
             self.counts[old.state] -= 1
             if not self.counts[old.state]:

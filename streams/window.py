@@ -40,7 +40,7 @@ from typing import Any
 from streams import acceptance, scheduling, sessions
 from streams.answers import KEEP_MS, Answers
 from streams.due_index import EXPIRY, LOCK, SCHEDULE, SESSION, DueIndex
-from streams.entries import FAMILIES, Entries, Entry
+from streams.entries import FAMILIES, UNREAD, Entries, Entry, Unread
 from streams.left_out import LeftOutBlocks
 from streams.session_index import SessionIndex
 from streams.states import (
@@ -489,21 +489,25 @@ class InflightWindow:
         return acquire_result(grants, self.next) | besides
 
     # ------------------------------------------------------------------ store
-    def put(self, offset: int, entry: Entry | None) -> None:
+    def put(self, offset: int, entry: Entry | None, old: Entry | None | Unread = UNREAD
+            ) -> None:
         """Set the entry of an offset, counting those not yet reached, and
-        keeping the sessions' pending offsets in step."""
+        keeping the sessions' pending offsets in step; ``old``: its entry
+        until now, if the caller has just read it."""
         if offset >= self.next or self.requires_session:  # plain settlements skip the read
-            old = self.entries.get(offset)
+            if isinstance(old, Unread):
+                old = self.entries.get(offset)
             if offset >= self.next:
                 self.ahead += (entry is not None) - (old is not None)
             if (old is not None and old.session) or (entry is not None and entry.session):
                 entry = sessions.on_put(self, offset, old, entry)
-        self.entries.put(offset, entry)
+        self.entries.put(offset, entry, old)
 
-    def settled(self, offset: int) -> None:
+    def settled(self, offset: int, old: Entry | None | Unread = UNREAD) -> None:
         """Gone for good: below ``next`` that is no entry at all; an offset not
-        yet reached stays as cancelled, so it is never handed out."""
-        self.put(offset, None if offset < self.next else Entry(CANCELLED))
+        yet reached stays as cancelled, so it is never handed out. ``old``
+        as :meth:`put` takes it."""
+        self.put(offset, None if offset < self.next else Entry(CANCELLED), old)
 
     def expire_later(self, items: list[list[int]]) -> None:
         """Time-to-live expiries ``[offset, expires]``, for the timer."""
@@ -599,19 +603,22 @@ class InflightWindow:
                      entry.reason, entry.description, entry.source,
                      _GRANT_STATE.get(entry.state, "active"))
 
-    def _lock(self, offsets: list[int], state: str, batch: int, until: int
-              ) -> list[Grant | GrantGroup]:
+    def _lock(self, offsets: list[int], state: str, batch: int, until: int, *,
+              fresh: int = 0) -> list[Grant | GrantGroup]:
         """Lock offsets for one acquire; their lock ends share one timer.
         Active messages locked alike in a row are granted as one group, its
-        one token derived for its first offset (:class:`GrantGroup`)."""
+        one token derived for its first offset (:class:`GrantGroup`). The
+        last ``fresh`` offsets have no entry (:meth:`_take_fresh` read them)."""
         grants: list[Grant | GrantGroup] = []
         alike: list[int] = []
         deliveries: list[int] = []
-        for offset in offsets:
-            entry = self.entries.get(offset) or _NEVER_LOCKED
+        entered = len(offsets) - fresh
+        for at, offset in enumerate(offsets):
+            old = self.entries.get(offset) if at < entered else None
+            entry = old or _NEVER_LOCKED
             locked = Entry(state, entry.deliveries + 1, batch, until, reason=entry.reason,
                            description=entry.description, source=entry.source)
-            self.put(offset, locked)
+            self.put(offset, locked, old)
             if state == LOCKED and entry.reason is entry.description is entry.source is None:
                 alike.append(offset)
                 deliveries.append(locked.deliveries)
@@ -648,10 +655,11 @@ class InflightWindow:
             return acquire_result(grants, self.next)
         picked = (self._first_in(FAMILIES["available"], AVAILABLE, want)
                   if self.counts.get(AVAILABLE) else [])
-        picked += self._take_fresh(want - len(picked))
+        fresh = self._take_fresh(want - len(picked))
+        picked += fresh
         if args.mode == "receive_and_delete":
             return acquire_result(self.delete_on_receipt(picked, events), self.next)
-        grants = self._lock(picked, LOCKED, batch, until)
+        grants = self._lock(picked, LOCKED, batch, until, fresh=len(fresh))
         if picked:
             events.append(Event("locked", picked, {"until": until}))
         return acquire_result(grants, self.next)
@@ -864,7 +872,7 @@ class InflightWindow:
     def _apply_action(self, offset: int, entry: Entry, action: Action, reason: str | None,
                       description: str | None, events: list[Event]) -> None:
         if action == Action.COMPLETE:
-            self.settled(offset)
+            self.settled(offset, entry)
         elif action in (Action.ABANDON, Action.RELEASE):
             if action == Action.RELEASE:  # locked but never handed to the application
                 entry = replace(entry, deliveries=max(entry.deliveries - 1, 0))
