@@ -202,11 +202,13 @@ QUIET_LINGER_S = 0.020
 #: 3,254-3,413).
 SESSION_QUIET_LINGER_S = 0.005
 #: Settlements nobody waits for of at least this many bytes together (about
-#: 400 items: ``complete_messages`` of a large batch) are work enough by
+#: 400 messages of one acquire, which travel as one group of offsets and
+#: their log times, ~21 bytes each: ``complete_messages`` of a large batch;
+#: 32 KB when each travelled as a list of seven fields) are work enough by
 #: themselves: they are not held for more to join them, and they are applied
 #: after the answers somebody waits for rather than in front of them
 #: (:func:`_after_answers`).
-LARGE_QUIET_BYTES = 32 * 1024
+LARGE_QUIET_BYTES = 8 * 1024
 
 
 def _linger(record: CommandRecord) -> float:
