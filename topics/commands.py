@@ -245,7 +245,8 @@ class Policy:
 @immutable
 class SettleItem:
     """One settlement of a ``settle`` command; on the wire
-    ``[offset, lock_token, action, reason, description, at_ms, enqueued_ms]``."""
+    ``[offset, lock_token, action, reason, description, at_ms, enqueued_ms]``,
+    or one offset of a group of them (:meth:`SettleArgs.to_wire`)."""
 
     offset: int
     lock_token: str | None
