@@ -258,6 +258,12 @@ def test_settlements_of_one_acquire_travel_as_one_group_and_come_back_as_its_ite
         (3, mine[0].lock_token, 3, 103), (4, mine[0].lock_token, 3, 104),
         (9, mine[0].lock_token, 3, 109)]
     assert items[3:] == (other, dead)
+    # a token changed by the application to one too short goes alone, never
+    # heading a group that would lose the others' locks with it
+    bad = [SettleItem(3, "", Action.COMPLETE), *mine[1:]]
+    assert [w if isinstance(w, list) else w["offsets"]
+            for w in SettleArgs(tuple(bad)).to_wire()["items"]] == [
+        [3, "", "complete", None, None], [4, 9]]
     # the engine's items travel again as they came, the token's offset with them
     assert SettleArgs(items[1:3]).to_wire()["items"] == [
         {"offsets": [4, 9], "token": mine[0].lock_token, "action": "complete",

@@ -271,8 +271,8 @@ class SettleItem:
         token, head = self.lock_token, first.lock_token
         if (self.action is not first.action or self.reason is not None
                 or self.description is not None or self.at_ms is not None
-                or token is None or head is None):
-            return False
+                or token is None or head is None or len(head) <= _BATCH_HEAD):
+            return False  # (a token too short to be one stays alone: lost alone)
         if self.token_offset is not None or first.token_offset is not None:
             return token == head and self.token_offset == first.token_offset
         return token.startswith(head[:_BATCH_HEAD])
