@@ -407,7 +407,7 @@ class GrantGroup:
                 "until": self.locked_until_ms, "deliveries": deliveries[0] if same else deliveries}
 
     @staticmethod
-    def grants_from_wire(group: dict[str, Any]) -> Iterator[Grant]:
+    def expand(group: dict[str, Any]) -> Iterator[Grant]:
         """The grant of each offset of a group on the wire, its token worked out."""
         offsets, until, deliveries = group["offsets"], group["until"], group["deliveries"]
         each = deliveries if isinstance(deliveries, list) else [deliveries] * len(offsets)
@@ -426,15 +426,17 @@ def grants_from_wire(wire: list[Any]) -> list[Grant]:
     for _ in range(len(wire)):
         item = wire.pop()
         if isinstance(item, dict):
-            grants += GrantGroup.grants_from_wire(item)
+            grants += GrantGroup.expand(item)
         else:
             grants.append(Grant.from_wire(item))
     return grants
 
 
 def granted(wire: list[Any]) -> int:
-    """How many messages an acquire's grants on the wire hand out."""
-    return sum(len(g["offsets"]) if isinstance(g, dict) else 1 for g in wire)
+    """How many messages wire entries name: an acquire's grants, or a
+    settle command's items (a group names its offsets, anything else one)."""
+    return sum(len(e["offsets"]) if isinstance(e, dict) and isinstance(e.get("offsets"), list)
+               else 1 for e in wire)
 
 
 # ------------------------------------------------------------- arguments
@@ -573,8 +575,7 @@ class SettleArgs(WireArgs):
             raise CommandError("field 'until' must be a time in ms since the epoch")
         # counted before a group is made into items: a group's offsets are
         # bounded by the record's size alone
-        if sum(len(i["offsets"]) if isinstance(i, dict) and isinstance(i.get("offsets"), list)
-               else 1 for i in items) > MAX_ACQUIRE:
+        if granted(items) > MAX_ACQUIRE:
             raise CommandError(f"a settle command settles at most {MAX_ACQUIRE} messages")
         settled: list[SettleItem] = []
         for item in items:
@@ -1030,6 +1031,11 @@ def lock_token(secret: str, batch: int, offset: int) -> str:
     receiver's, an earlier lock of the same offset) stays 122 bits away.
     """
     head, tail = _batch_key(secret, batch)
+    return _token_of(head, tail, offset)
+
+
+def _token_of(head: str, tail: int, offset: int) -> str:
+    """The token of ``offset`` in the batch whose keyed hash is ``head`` and ``tail``."""
     low = "%016x" % (tail ^ (offset & _LOW_62))
     return head + low[:4] + "-" + low[4:]
 
@@ -1038,11 +1044,9 @@ def sibling_tokens(token: str, offset: int, offsets: list[int]) -> Iterator[str]
     """The lock tokens of ``offsets`` in the acquire that granted ``token``
     for ``offset`` (:class:`GrantGroup`): :func:`lock_token`'s keyed hash is
     read back from the one token."""
-    head, low = token[:_BATCH_HEAD], token[_BATCH_HEAD:].replace("-", "")
-    tail = int(low, 16) ^ (offset & _LOW_62)
-    for other in offsets:
-        low = "%016x" % (tail ^ (other & _LOW_62))
-        yield head + low[:4] + "-" + low[4:]
+    head = token[:_BATCH_HEAD]
+    tail = int(token[_BATCH_HEAD:].replace("-", ""), 16) ^ (offset & _LOW_62)
+    return (_token_of(head, tail, other) for other in offsets)
 
 
 _LOW_62 = (1 << 62) - 1
