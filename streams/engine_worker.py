@@ -25,6 +25,7 @@ from typing import Any
 
 import faust
 
+from streams.placement import Placement
 from topics.connection import WaitingForKafka
 
 log = logging.getLogger(__name__)
@@ -45,12 +46,14 @@ _CLIENT_LOGGERS = ("aiokafka", "librdkafka", "faust.transport", "faust.tables")
 class EngineWorker(faust.Worker):
     """``faust.Worker`` with the engine's log filter and a bounded shutdown."""
 
-    def __init__(self, app: faust.App, **kwargs: Any) -> None:
+    def __init__(self, app: faust.App, placement: Placement, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self._waiting = WaitingForKafka(_CLIENT_LOGGERS)
+        self._placement = placement
 
     async def on_startup_finished(self) -> None:
         await super().on_startup_finished()
+        log.info("%s", self._placement.describe())
         # What the start made (modules, Faust's services, the tables' stores)
         # lives as long as the worker: the collector need not walk it again
         # and again. Each command leaves many short-lived containers behind;

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from streams.placement import keep_threads_together
 from topics.connection import parse_connection_string
 
 
@@ -21,6 +22,7 @@ def run_worker(connection_string: str, data_dir: str | Path = "data/engine",
     own ``data_dir`` (RocksDB holds a lock on it).
     """
     parse_connection_string(connection_string)  # fail here, clearly, on a bad string
+    placement = keep_threads_together()  # before any thread of the worker starts
     os.environ["SETTLEMENT_CONNECTION_STRING"] = connection_string
     os.environ["SETTLEMENT_DATA_DIR"] = str(data_dir)
     if web_port is not None:
@@ -32,4 +34,4 @@ def run_worker(connection_string: str, data_dir: str | Path = "data/engine",
     from streams.engine import app
     from streams.engine_worker import EngineWorker
 
-    EngineWorker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+    EngineWorker(app, placement, loglevel=loglevel, quiet=True).execute_from_commandline()
