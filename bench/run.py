@@ -84,6 +84,7 @@ from settlement.management import ServiceBusAdministrationClient
 from settlement.receiver import ServiceBusReceiveMode
 from settlement.sender import ServiceBusSender
 from settlement.testing._local_broker import free_port
+from streams.placement import measure_wakes
 from streams.process import EngineProcess
 from topics import names
 from topics.connection import parse_connection_string
@@ -180,7 +181,20 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(), "confluent_kafka": confluent_kafka.__version__,
         "librdkafka": confluent_kafka.libversion()[0],
         "python_loop_s": python_speed(),
+        "thread_wake_us": thread_wakes(),
     }
+
+
+def thread_wakes() -> dict[str, float] | None:
+    """How long a thread takes to wake another and be woken back, on one CPU
+    and across two (us; None with one CPU): where across costs many times
+    more (a nested virtual machine), every hand-over between the threads and
+    processes of a round trip does (streams.placement)."""
+    measured = measure_wakes()
+    if measured is None:
+        return None
+    _, same, across = measured
+    return {"same_cpu": round(same, 1), "across_cpus": round(across, 1)}
 
 
 def machine_label(machine: dict[str, Any]) -> str:
@@ -188,9 +202,12 @@ def machine_label(machine: dict[str, Any]) -> str:
     how fast it ran Python when the bench started (:func:`python_speed`)."""
     speed = machine.get("python_loop_s")
     speed_text = f"; 10M Python additions in {speed:.2f} s" if speed is not None else ""
+    wakes = machine.get("thread_wake_us")
+    wake_text = (f"; a thread woken and answered across CPUs in {wakes['across_cpus']:.0f} us, "
+                 f"on one in {wakes['same_cpu']:.0f} us" if wakes else "")
     return (f"{machine['cores']} cores ({machine['usable_cores']} usable), "
             f"{machine['cpu_model']}; {machine['implementation']} {machine['python']}"
-            f"{speed_text}")
+            f"{speed_text}{wake_text}")
 
 
 # ------------------------------------------------------------- exactly once

@@ -96,16 +96,16 @@ def wake_round_trip_us(here: int, there: int, rounds: int = _ROUNDS) -> float:
     return best
 
 
-def keep_threads_together() -> Placement:
-    """Measure this machine's wakes and, where they are slow across CPUs,
-    keep this process's threads (and every thread they start) on the CPU it
-    runs on. Call it before the process starts threads of its own."""
+def measure_wakes() -> tuple[int, float, float] | None:
+    """The CPU the calling thread runs on, and the round trips (us) of
+    :func:`wake_round_trip_us` on that CPU and across to another; None where
+    the process may use one CPU only. The thread's CPUs are as they were after."""
     try:
         allowed = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # no CPU affinity here (not Linux)
-        return Placement(None)
+        return None
     if len(allowed) < 2:
-        return Placement(None)
+        return None
     here = _current_cpu(allowed)
     there = next(cpu for cpu in allowed if cpu != here)
     try:
@@ -113,6 +113,17 @@ def keep_threads_together() -> Placement:
         same = wake_round_trip_us(here, here)
     finally:
         os.sched_setaffinity(0, set(allowed))
+    return here, same, across
+
+
+def keep_threads_together() -> Placement:
+    """Measure this machine's wakes and, where they are slow across CPUs,
+    keep this process's threads (and every thread they start) on the CPU it
+    runs on. Call it before the process starts threads of its own."""
+    measured = measure_wakes()
+    if measured is None:
+        return Placement(None)
+    here, same, across = measured
     if not keeps_together(same, across):
         return Placement(None, same, across)
     for thread in os.listdir("/proc/self/task"):  # a library's thread started already

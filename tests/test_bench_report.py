@@ -82,9 +82,17 @@ def test_the_machine_line_says_how_fast_the_machine_ran_python() -> None:
     machine = machine_info()
     assert machine["python_loop_s"] > 0
     assert f"10M Python additions in {machine['python_loop_s']:.2f} s" in machine_label(machine)
-    # results written before the probe existed still render
-    del machine["python_loop_s"]
+    wakes = machine["thread_wake_us"]
+    if len(os.sched_getaffinity(0)) > 1:
+        assert wakes["same_cpu"] > 0 and wakes["across_cpus"] > 0
+        assert (f"a thread woken and answered across CPUs in {wakes['across_cpus']:.0f} us, "
+                f"on one in {wakes['same_cpu']:.0f} us") in machine_label(machine)
+    else:
+        assert wakes is None
+    # results written before the probes existed still render
+    del machine["python_loop_s"], machine["thread_wake_us"]
     assert "Python additions" not in machine_label(machine)
+    assert "woken" not in machine_label(machine)
     assert machine["cpu_model"] in machine_label(machine)
 
 
