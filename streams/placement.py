@@ -39,6 +39,9 @@ WAKE_RATIO = 3.0
 #: round trips per measurement, the best of three measurements taken (a few
 #: milliseconds in all where hops are slow)
 _ROUNDS = 200
+#: how long either thread of the probe waits for the other before giving up
+#: (a round takes microseconds; only a thread that stopped takes this long)
+_ANSWER_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -70,29 +73,41 @@ def keeps_together(same_cpu_us: float, across_cpus_us: float) -> bool:
 def wake_round_trip_us(here: int, there: int, rounds: int = _ROUNDS) -> float:
     """Microseconds for the calling thread, kept on CPU ``here``, to wake a
     thread kept on CPU ``there`` and be woken by it; the best of three
-    measurements of ``rounds``. Leaves the calling thread on ``here``."""
+    measurements of ``rounds``. Leaves the calling thread on ``here``.
+    Raises OSError where a thread may not be placed (a container that
+    forbids it), TimeoutError if the other thread stops answering."""
     os.sched_setaffinity(0, {here})  # 0: the calling thread (Linux)
     ping, pong = threading.Lock(), threading.Lock()
     ping.acquire()
     pong.acquire()
     total = 3 * rounds
+    refused: list[OSError] = []
 
     def answer() -> None:
-        os.sched_setaffinity(0, {there})
+        try:
+            os.sched_setaffinity(0, {there})
+        except OSError as exc:
+            refused.append(exc)  # answers all the same, so that the caller's rounds end
         for _ in range(total):
-            ping.acquire()
+            if not ping.acquire(timeout=_ANSWER_WAIT_S):
+                return
             pong.release()
 
     partner = threading.Thread(target=answer, name="placement-probe", daemon=True)
     partner.start()
     best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        for _ in range(rounds):
-            ping.release()
-            pong.acquire()
-        best = min(best, (time.perf_counter() - started) / rounds * 1e6)
-    partner.join()
+    try:
+        for _ in range(3):
+            started = time.perf_counter()
+            for _ in range(rounds):
+                ping.release()
+                if not pong.acquire(timeout=_ANSWER_WAIT_S):
+                    raise TimeoutError("the probe's other thread stopped answering")
+            best = min(best, (time.perf_counter() - started) / rounds * 1e6)
+    finally:
+        partner.join(_ANSWER_WAIT_S)
+    if refused:
+        raise refused[0]
     return best
 
 
@@ -111,8 +126,15 @@ def measure_wakes() -> tuple[int, float, float] | None:
     try:
         across = wake_round_trip_us(here, there)
         same = wake_round_trip_us(here, here)
+    except (OSError, TimeoutError) as exc:
+        log.warning("could not measure how long threads take to wake (%s); the kernel "
+                    "places this process's threads", exc)
+        return None
     finally:
-        os.sched_setaffinity(0, set(allowed))
+        try:
+            os.sched_setaffinity(0, set(allowed))
+        except OSError:  # refused to place it in the first place: it is where it was
+            pass
     return here, same, across
 
 
@@ -126,9 +148,13 @@ def keep_threads_together() -> Placement:
     here, same, across = measured
     if not keeps_together(same, across):
         return Placement(None, same, across)
-    for thread in os.listdir("/proc/self/task"):  # a library's thread started already
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]  # a library's, started already
+    except OSError:  # no /proc: the calling thread, and those it starts
+        threads = [0]
+    for thread in threads:
         try:
-            os.sched_setaffinity(int(thread), {here})
+            os.sched_setaffinity(thread, {here})
         except OSError:  # ended meanwhile
             pass
     return Placement(here, same, across)

@@ -68,3 +68,20 @@ def test_a_worker_given_one_cpu_has_nothing_to_decide() -> None:
     assert got["cpu"] is None and got["same"] is None
     assert got["main"] == got["later"] == [int(cpu)]
     assert got["line"] == Placement(None).describe()
+
+
+@two_cpus
+def test_a_thread_that_may_not_be_placed_ends_the_probe_with_the_reason() -> None:
+    """A CPU the process may not use (as a container that forbids placing
+    threads refuses any): the probe raises at once rather than waiting for
+    an answer that never comes, and the worker leaves placement to the kernel."""
+    probe = ("import os\n"
+             "from streams.placement import wake_round_trip_us\n"
+             "here = min(os.sched_getaffinity(0))\n"
+             "try:\n"
+             "    wake_round_trip_us(here, 100_000)\n"
+             "except OSError as exc:\n"
+             "    print('refused', exc.errno)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=30, check=True)
+    assert done.stdout.startswith("refused ")
