@@ -9,8 +9,8 @@ as the 2-core machines of 2026-12-06 were), each such hop cost about 25-35 us
 against 3-4 us on one CPU (two threads handing a lock back and forth: 57 us a
 round across two CPUs, 7 us on one), and a ``producer.produce`` that wakes
 librdkafka's sender held the GIL for as long. With make bench's phases run
-alternately with the engine's threads on one CPU and not (2026-12-06, one
-run, three pairs of trials): asyncio ``receive(100)`` + ``gather`` of
+alternately with the engine's threads on one CPU and not (2026-12-06, three
+pairs of trials in a run): asyncio ``receive(100)`` + ``gather`` of
 ``complete_message`` 12,740 -> 14,062 msg/s, one thread settling one message
 at a time 2,344 -> 2,671, eight threads 4,204 -> 4,317; the engine's CPU a
 message 10-15 % less.
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 #: a wake across CPUs at least this many times one on the same CPU keeps the
-#: worker on one (57 / 7 us here; ~1-2 where a CPU is woken without a hypervisor)
+#: worker on one (57 / 7 us on the nested virtual machines of 2026-12-06)
 WAKE_RATIO = 3.0
 #: round trips per measurement, the best of three measurements taken (a few
 #: milliseconds in all where hops are slow)
@@ -57,7 +57,8 @@ class Placement:
     def describe(self) -> str:
         """One line for the worker's log."""
         if self.same_cpu_us is None or self.across_cpus_us is None:
-            return "engine threads placed by the kernel (the worker may use one CPU only)"
+            return ("engine threads placed by the kernel (the worker may use one CPU only, "
+                    "or its threads' wakes could not be measured)")
         measured = (f"a thread woken and answered across CPUs in {self.across_cpus_us:.0f} us, "
                     f"on one CPU in {self.same_cpu_us:.0f} us")
         if self.cpu is None:
