@@ -11,9 +11,10 @@ one engine worker, then measures on that one broker:
    rule replaced by the SQL filter ``bucket = K``: the same N messages are
    published (``bucket = i % 10``, so each subscription selects a tenth), then
    every subscription is drained with ``receive_messages(1000)`` +
-   ``complete_messages``; 1 and 2 are run ``TRIALS`` (3) times, in pairs on
-   entities of their own, and each topic / queue row is the pair of median
-   ratio, every pair printed beside it;
+   ``complete_messages`` (``prefetch_count=1000``, as the queue's receiver);
+   1 and 2 are run ``TRIALS`` (5) times, in pairs on entities of their own,
+   and each topic / queue row is the pair of median ratio, every pair
+   printed beside it;
 3. a topic with 3 subscriptions, as a ported application has them: ``all``
    (its ``$Default`` rule) and ``low`` / ``high`` (SQL filters taking half
    each); N/4 messages are published, then each subscription is drained by a
@@ -91,8 +92,10 @@ TOPIC = "orders"
 #: decided it before, and consecutive pairs of one broker and engine gave
 #: ten-subscription ratios of 0.51 to 1.05 (a harness of these phases,
 #: 2026-11-30, the machine otherwise idle): a single pair said more of
-#: the machine's minute than of the code.
-TRIALS = 3
+#: the machine's minute than of the code. Five since 2026-12-06: three
+#: pairs of one run still gave 1.18, 0.78 and 0.73 (the queue's own rate
+#: 31,566-45,082 /s), on a machine whose cross-CPU wakes cost 67 us.
+TRIALS = 5
 #: what a one-by-one drain receives at a time
 ONE_BY_ONE_BATCH = 100
 #: issue 25's targets: topic / queue ratios, and settled msg/s of the 3 subscriptions
@@ -293,8 +296,10 @@ def topic_phases(client: ServiceBusClient, admin: ServiceBusAdministrationClient
     clock holds no receiver setup: only receives, settlements and the wait
     for the engine to filter what is received."""
     messages = bucket_messages(n, size)
+    # prefetch_count as the queue's receiver has it (bench.run.settle_in_batches):
+    # the same receives on both sides of the ratio
     subs = [Subscription(topic, f"s{k}", [m.message_id for m in messages[k::BUCKETS]],
-                         client.get_subscription_receiver(topic, f"s{k}"))
+                         client.get_subscription_receiver(topic, f"s{k}", prefetch_count=BATCH))
             for k in range(BUCKETS)]
     sent, t_pub = publish(client.get_topic_sender(topic), messages, meter, "topic_publish",
                           f"publish to the topic (lists of {CHUNK:,})")
@@ -304,7 +309,8 @@ def topic_phases(client: ServiceBusClient, admin: ServiceBusAdministrationClient
     checks = {s.name: subscription_check(admin, s) for s in subs}
     drained_after = {s.name: round((s.drained_at or t.end) - t_pub.end, 3) for s in subs}
     settle = Phase("topic_settle",
-                   f"{BUCKETS} subscriptions: receive({BATCH}) + complete_messages, {mode}",
+                   f"{BUCKETS} subscriptions: receive({BATCH}) + complete_messages, "
+                   f"prefetch_count={BATCH}, {mode}",
                    n, t.seconds, cpu=t.cpu,
                    check={"ok": all(c["ok"] for c in checks.values()), "subscriptions": checks},
                    extra={"drain": mode,
