@@ -174,9 +174,13 @@ class SettleGroups:
             receivers = {id(s.receiver): s.receiver for s in group}
             session_end = {key: sending.enter_context(receiver._settlement())
                            for key, receiver in receivers.items()}
-            final = earliest([s.receiver._spend_locks([s.message], s.action,
-                                                      session_end[id(s.receiver)])
-                              for s in group])
+            # the locks spent once for each receiver and action, not for each
+            # message: the earliest end of a list is the earliest of its ends
+            alike: dict[tuple[int, str], list[ServiceBusReceivedMessage]] = {}
+            for settle in group:
+                alike.setdefault((id(settle.receiver), settle.action), []).append(settle.message)
+            final = earliest([receivers[key]._spend_locks(messages, action, session_end[key])
+                              for (key, action), messages in alike.items()])
             reply = self._batcher().settle(window[0], window[1], [s.item for s in group], final)
             check_reply(reply, group[0].receiver.entity_path)
             return [settle.receiver._apply_answer(settle.message, settle.action, status, until)
