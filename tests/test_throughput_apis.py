@@ -135,7 +135,8 @@ def test_auto_lock_renewer_renews_a_partitions_locks_in_one_command_per_round(
 def test_concurrent_single_settles_share_engine_commands(
         client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
     """complete_message from many threads: each call gets its own answer, and
-    calls that overlap travel in one command (group commit)."""
+    calls that overlap travel in one command (group commit), which gathers
+    the threads coming back from the command before."""
     queue = make_queue(lock_duration=30)
     send(client, queue, 240)
     receiver = client.get_queue_receiver(queue)
@@ -158,7 +159,10 @@ def test_concurrent_single_settles_share_engine_commands(
         t.join()
     assert failures == []
     assert all(m._settled for m in messages)
-    assert batcher.commands_sent - before < 240 * 0.75
+    # a leader waits for the threads answered a moment ago (7.5 a command
+    # here, idle; 3.9 in make bench before it did)
+    commands = batcher.commands_sent - before
+    assert commands < 240 / 4, f"{commands} commands for 240 settlements from 8 threads"
     with pytest.raises(MessageLockLostError):
         stale = messages[0]
         stale._settled = False  # pretend the app lost track: the engine still refuses
