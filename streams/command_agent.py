@@ -41,7 +41,7 @@ from typing import Any, cast
 
 from faust.types import TP, StreamT
 
-from streams import overtaking, sessions
+from streams import sessions
 from streams.app import (
     answers,
     app,
@@ -234,10 +234,6 @@ intake = CommandIntake(settings, commands_topic.get_topic_name(), _FaustGroupOff
 #: after the commit record of the first command of this operation is
 #: acknowledged, before its writes and events are sent.
 _EXIT_AFTER_COMMIT = os.environ.get("SETTLEMENT_FAULT_EXIT_AFTER_COMMIT")
-#: Fault injection for tests: the worker commits the commands offsets applied
-#: so far and exits right before it applies a batch held back behind the
-#: answers of the one before (:func:`_after_answers`).
-_EXIT_BEFORE_HELD_BACK = os.environ.get("SETTLEMENT_FAULT_EXIT_BEFORE_HELD_BACK")
 
 
 def definitions() -> Definitions:
@@ -265,32 +261,20 @@ async def run_batches() -> None:
     Kafka acknowledges this one's commit records (:func:`_finish`)."""
     before: asyncio.Future[None] | None = None
     later: list[CommandRecord] = []
-    #: records run in the batch before, marked applied with ``later``
-    deferred: list[CommandRecord] = []
-    decoded: overtaking.Decoded = {}
     while True:
         if later:  # held back by _after_answers: once the batch before is answered
             if before is not None:
                 await asyncio.wait([before])
-            if _EXIT_BEFORE_HELD_BACK:
-                await intake.commit_applied()
-                log.warning("exiting before a batch held back")
-                os._exit(137)  # fault injection: the tests' crash point
-            records = intake.not_read_again(later)
-            marks = sorted(records + intake.not_read_again(deferred),
-                           key=lambda r: (r.partition, r.offset))
-            later, deferred = [], []
+            records, later = intake.not_read_again(later), []
         else:
-            decoded = {}
-            records, later = _after_answers(await intake.next_batch(), decoded)
-            marks, deferred = _short_of(records, later)
+            records, later = _after_answers(await intake.next_batch())
         if not records:
             continue
         await _in_flight.acquire()
         held = _held_answers.set([])
         pending = None
         try:
-            pending = await _handle(records, before, marks, decoded)
+            pending = await _handle(records, before)
         except CommitRefused as exc:  # one committed early, as a record would grow too large
             _stop(exc)
         except Exception:  # never let one batch stop the engine
@@ -298,58 +282,29 @@ async def run_batches() -> None:
         finally:
             refusals = _held_answers.get() or []
             _held_answers.reset(held)
-        before = asyncio.ensure_future(_finish(records, pending, refusals, before, marks))
+        before = asyncio.ensure_future(_finish(records, pending, refusals, before))
 
 
-def _after_answers(records: list[CommandRecord], decoded: overtaking.Decoded
+def _after_answers(records: list[CommandRecord]
                    ) -> tuple[list[CommandRecord], list[CommandRecord]]:
-    """``records`` as two batches, the second applied once the first is
-    answered: the large settlements nobody waits for after the last command
-    somebody does, and before them the completions the acquires after them
-    overtake (:mod:`streams.overtaking`). The event loop runs one batch at a
-    time, and applied in the same batch, they held back the answers for
-    their whole run; applied next, while Kafka acknowledges the first, they
-    held back the acknowledgements' callbacks. (Receive 1,000 +
+    """``records`` as two batches, the second the large settlements nobody
+    waits for after the last command somebody does: the event loop runs one
+    batch at a time, and applied in the same batch, they held back the
+    answers for their whole run; applied next, while Kafka acknowledges the
+    first, they held back the acknowledgements' callbacks. So the second
+    runs once the batch before is answered. (Receive 1,000 +
     complete_messages on Apache Kafka, harness, interleaved phases: ~43,600
     -> ~47,300 msg/s; each acquire's answer had waited 3-4 ms for the
     settlement of 1,000 sent after it.)"""
-    first, tail = large_tail(records, lambda r: answered_by_no_one(r.key, r.value),
-                             LARGE_QUIET_BYTES)
-    moved = overtaking.overtaken(first, _read_clock.now, _requires_session, decoded)
-    if not moved:
-        return first, tail
-    skipped = set(map(id, moved))
-    return [r for r in first if id(r) not in skipped], moved + tail
-
-
-def _requires_session(entity: str) -> bool | None:
-    """Whether ``entity`` requires sessions, as far as the definitions read say."""
-    found = definitions().policy(entity)
-    return None if found is None else found[1].requires_session
-
-
-def _short_of(records: list[CommandRecord], later: list[CommandRecord]
-              ) -> tuple[list[CommandRecord], list[CommandRecord]]:
-    """Of ``records``, a batch run before ``later``: those it marks applied
-    (its engine's clock and its committed offsets move on to them), and
-    those at or after an offset of ``later`` in their partition, which
-    ``later`` marks once it has run (a lapse or a restart must not pass over
-    what it holds)."""
-    first: dict[int, int] = {}
-    for record in later:
-        first.setdefault(record.partition, record.offset)
-    if not first:
-        return records, []
-    marks = [r for r in records if r.offset < first.get(r.partition, r.offset + 1)]
-    return marks, [r for r in records if r.offset >= first.get(r.partition, r.offset + 1)]
+    return large_tail(records, lambda r: answered_by_no_one(r.key, r.value), LARGE_QUIET_BYTES)
 
 
 async def _finish(records: list[CommandRecord], pending: _Answering | None,
                   refusals: list[tuple[ReplyAddress, Reply]],
-                  before: asyncio.Future[None] | None, marks: list[CommandRecord]) -> None:
+                  before: asyncio.Future[None] | None) -> None:
     """After the batches before it: once every window of a batch is answered
     (each once Kafka holds its commit record, :func:`_execute`), send its
-    refusals; only then may the offsets it marks (``marks``) be committed."""
+    refusals; only then may its commands' offsets be committed."""
     try:
         if before is not None:
             await before
@@ -362,7 +317,7 @@ async def _finish(records: list[CommandRecord], pending: _Answering | None,
     finally:
         for address, reply in refusals:
             _send_answer(address, reply)
-        intake.applied(marks)
+        intake.applied(records)
         _in_flight.release()
 
 
@@ -419,13 +374,11 @@ def _applied(records: Sequence[CommandRecord]) -> None:
         _time_known.setdefault(record.partition, asyncio.Event()).set()
 
 
-async def _handle(records: Sequence[CommandRecord], before: asyncio.Future[None] | None,
-                  marks: Sequence[CommandRecord], decoded: overtaking.Decoded
+async def _handle(records: Sequence[CommandRecord], before: asyncio.Future[None] | None
                   ) -> _Answering | None:
     """Apply ``records``; their windows' answers on their way, once Kafka
     holds their commit records and the batch ``before`` is answered (None:
-    nothing to wait for). The engine's clock moves on to ``marks``; the
-    commands already decoded are in ``decoded``."""
+    nothing to wait for)."""
     runs: list[_Run] = []
     ticked: dict[int, None] = {}
     for record in records:
@@ -435,7 +388,7 @@ async def _handle(records: Sequence[CommandRecord], before: asyncio.Future[None]
             ticked[partition] = None
             continue
         try:
-            cmd = _admit(record, decoded.get((partition, record.offset)))
+            cmd = _admit(record)
         except Exception:  # one unreadable record must not cost the batch its other commands
             log.exception("could not read the command at partition %d offset %d; skipped",
                           partition, record.offset)
@@ -448,21 +401,21 @@ async def _handle(records: Sequence[CommandRecord], before: asyncio.Future[None]
             try:
                 pending = await _execute(runs, before)
             finally:  # a batch that failed is over too: its commands are released
-                _applied(marks)
+                _applied(records)
     else:
-        _applied(marks)
+        _applied(records)
     for partition in ticked:
         for sweep in on_tick:
             await sweep(partition)
     return pending
 
 
-def _admit(record: CommandRecord, decoded: Command | None = None) -> Command | None:
-    """The command ``record`` holds (``decoded`` if it was read before), if
-    it is well-formed, routed to its window's partition and within the
-    namespace's limit; else it is answered here, and None."""
+def _admit(record: CommandRecord) -> Command | None:
+    """The command ``record`` holds, if it is well-formed, routed to its
+    window's partition and within the namespace's limit; else it is
+    answered here, and None."""
     try:
-        cmd = decoded or decode_command(record.value or b"")
+        cmd = decode_command(record.value or b"")
     except CommandError as exc:
         log.warning("rejected command at partition %d offset %d: %s",
                     record.partition, record.offset, exc)

@@ -264,18 +264,14 @@ class CommandIntake:
         """Commit the applied offsets every ``interval`` seconds, for ever."""
         while True:
             await asyncio.sleep(interval)
-            await self.commit_applied()
-
-    async def commit_applied(self) -> None:
-        """Commit the offsets applied since the last commit."""
-        if offsets := self._to_commit():
-            try:
-                await self._offsets.commit(offsets)
-            except KafkaException as exc:
-                # The commands after the last commit run again after a
-                # restart: repeats, which their command ids make harmless.
-                log.warning("could not commit the applied commands offsets %s (%s)",
-                            offsets, exc)
+            if offsets := self._to_commit():
+                try:
+                    await self._offsets.commit(offsets)
+                except KafkaException as exc:
+                    # The commands after the last commit run again after a
+                    # restart: repeats, which their command ids make harmless.
+                    log.warning("could not commit the applied commands offsets %s (%s)",
+                                offsets, exc)
 
     def close(self) -> None:
         """Stop reading. (What was applied since the last commit runs again

@@ -27,7 +27,6 @@ from settlement import (
 )
 from settlement.exceptions import MessageLockLostError
 from settlement.management import ServiceBusAdministrationClient
-from settlement.testing.pause import pause, resume
 from streams.process import EngineProcess
 from tests.helpers import Broker
 
@@ -247,51 +246,3 @@ def test_a_session_settlement_appended_within_the_session_lock_is_final_while_th
         # released before its lock's end: m1 counts its abandon, not a lapse
         _only_the_abandoned_comes_back(second, messages)
     _settled_for_good(admin, "work")
-
-
-def test_completions_an_acquire_overtook_are_applied_after_a_crash_between_them(
-        broker: Broker, tmp_path: Path) -> None:
-    """A receiver completes its 100 messages (one settlement, sent quiet) and
-    receives again; the engine reads both in one batch, answers the acquire
-    first and holds the completions back behind its answer
-    (streams/overtaking.py). The worker commits the offsets it applied and
-    dies right before it applies them: restarted, it applies them (none of
-    the 100 comes back, nothing stays locked) and the acquire, read again,
-    changes nothing."""
-    conn = broker.connection_string(f"overtake{uuid.uuid4().hex[:6]}")
-    engine = EngineProcess(conn, tmp_path / "engine",
-                           env={"SETTLEMENT_FAULT_EXIT_BEFORE_HELD_BACK": "1"}).start()
-    admin = ServiceBusAdministrationClient.from_connection_string(conn)
-    client = ServiceBusClient.from_connection_string(conn)
-    try:
-        admin.create_queue("work", lock_duration=60)
-        _send(client, "work", 150)
-        receiver = client.get_queue_receiver("work")
-        first = receiver.receive_messages(100, max_wait_time=10)
-        assert len(first) == 100
-        # Paused, the engine reads the completions and the acquire together.
-        paused = threading.Thread(target=lambda: (pause(engine.pid), time.sleep(1.0),
-                                                  resume(engine.pid)))
-        paused.start()
-        time.sleep(0.5)
-        results = receiver.complete_messages(first)
-        assert all(r.succeeded for r in results)
-        second = receiver.receive_messages(50, max_wait_time=30)
-        paused.join()
-        assert engine.proc is not None
-        engine.proc.wait(60)
-        assert "exiting before a batch held back" in engine.log_path.read_text()
-        assert sorted(m.message_id for m in second) == sorted(f"m{i}" for i in range(100, 150))
-        assert {m.delivery_count for m in second} == {first[0].delivery_count}
-        engine.env.clear()
-        engine.start()
-        results = receiver.complete_messages(second)
-        assert all(r.succeeded for r in results), [str(r.error) for r in results if r.error]
-        _settled_for_good(admin, "work")
-        with client.get_queue_receiver("work") as again:
-            assert again.receive_messages(10, max_wait_time=3) == []
-        receiver.close()
-    finally:
-        client.close()
-        admin.close()
-        engine.stop()
