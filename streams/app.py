@@ -27,7 +27,7 @@ from confluent_kafka.admin import AdminClient
 from streams import kafka_tuning, record_sender
 from streams.record_sender import RecordSender
 from topics import names, specs
-from topics.connection import parse_connection_string
+from topics.connection import ENGINE_CLIENT_ID, parse_connection_string
 from topics.partitions import command_partition
 
 _conn = os.environ.get("SETTLEMENT_CONNECTION_STRING")
@@ -43,7 +43,8 @@ if not _conn:
 #: first connection waits half of it.
 ENGINE_RECONNECT_BACKOFF_MS = 500
 _given = parse_connection_string(_conn)
-settings = replace(_given, reconnect_backoff_ms=ENGINE_RECONNECT_BACKOFF_MS)
+settings = replace(_given, reconnect_backoff_ms=ENGINE_RECONNECT_BACKOFF_MS,
+                   client_id=ENGINE_CLIENT_ID)
 kafka_tuning.apply(settings)
 namespace = settings.namespace
 kafka_tuning.leave_to_intake(names.commands(namespace))  # streams.command_intake reads them
@@ -100,6 +101,7 @@ app = faust.App(
     broker_rebalance_timeout=20,
     broker_commit_interval=1.0,
     consumer_auto_offset_reset="earliest",
+    broker_client_id=ENGINE_CLIENT_ID,  # Faust's own clients too (its default: faust-VERSION)
     producer_acks=-1,
     producer_linger_ms=0,  # answers are latency-bound; load batches by itself
     table_standby_replicas=0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 import subprocess
@@ -18,7 +19,12 @@ from settlement import ServiceBusClient, ServiceBusMessage, aio
 from settlement.exceptions import MessagingEntityNotFoundError, ServiceBusConnectionError
 from settlement.management import ServiceBusAdministrationClient
 from tests.helpers import Broker
-from topics.connection import ConnectionStringError, parse_connection_string
+from topics.connection import (
+    CLIENT_ID,
+    ENGINE_CLIENT_ID,
+    ConnectionStringError,
+    parse_connection_string,
+)
 from topics.names import InvalidNameError
 
 
@@ -30,6 +36,18 @@ def test_connection_string_parses_hosts_namespace_and_options() -> None:
     assert settings.security == {"security.protocol": "SSL", "ssl.ca.location": "probe"}
     assert parse_connection_string(settings.to_string()) == settings
     assert "FetchMaxWaitMs" not in settings.to_string()  # detected, never tuned by users
+
+
+def test_every_kafka_client_is_named_for_the_broker_by_who_runs_it() -> None:
+    """A broker's request log, request metrics and client quotas tell the
+    library's clients from the engine's by ``client.id`` (librdkafka's
+    default named every client "rdkafka")."""
+    settings = parse_connection_string("Endpoint=kafka://a:9092;Namespace=shop")
+    assert settings.kafka_config()["client.id"] == CLIENT_ID
+    assert settings.consumer_config("readers")["client.id"] == CLIENT_ID
+    engine = dataclasses.replace(settings, client_id=ENGINE_CLIENT_ID)
+    assert engine.kafka_config()["client.id"] == ENGINE_CLIENT_ID != CLIENT_ID
+    assert parse_connection_string(engine.to_string()).client_id == CLIENT_ID
 
 
 @pytest.mark.parametrize("conn, protocol, ca_file", [

@@ -67,6 +67,10 @@ TLS_PROTOCOLS = frozenset({"SSL", "SASL_SSL"})
 #: librdkafka's ``ssl.ca.location`` for "the system's CAs": it looks in the
 #: usual places, since its bundled OpenSSL may not know this system's
 SYSTEM_CAS = "probe"
+#: the Kafka ``client.id`` of the client library's clients (the engine's:
+#: ENGINE_CLIENT_ID), so that a broker operator can tell them apart
+CLIENT_ID = "settlement"
+ENGINE_CLIENT_ID = "settlement-engine"
 #: what Kafka clients' log lines say when no broker answers
 _UNREACHABLE = re.compile(
     r"Unable (to )?connect|Unable to update metadata|Connect call failed|Connection refused|"
@@ -151,6 +155,10 @@ class ConnectionSettings:
     #: how long a Kafka client waits before trying a broker again; None:
     #: librdkafka's 100 ms (see :meth:`kafka_config`)
     reconnect_backoff_ms: int | None = None
+    #: the ``client.id`` of its Kafka clients: what a broker's request log,
+    #: request metrics and client quotas know them by (librdkafka's default,
+    #: "rdkafka", named every client of every process alike)
+    client_id: str = CLIENT_ID
 
     @property
     def tls(self) -> bool:
@@ -203,7 +211,7 @@ class ConnectionSettings:
         own log lines go through :mod:`logging` (logger ``librdkafka``), not
         straight to stderr."""
         config = {"bootstrap.servers": self.bootstrap_servers, "logger": _LIBRDKAFKA_LOG,
-                  **self.security}
+                  "client.id": self.client_id, **self.security}
         if self.reconnect_backoff_ms is not None:
             # With every broker away, librdkafka tries the bootstrap broker
             # again after this delay each time, without growing it (at the
