@@ -39,9 +39,9 @@ def test_connection_string_parses_hosts_namespace_and_options() -> None:
 
 
 def test_every_kafka_client_is_named_for_the_broker_by_who_runs_it() -> None:
-    """A broker's request log, request metrics and client quotas tell the
-    library's clients from the engine's by ``client.id`` (librdkafka's
-    default named every client "rdkafka")."""
+    """A broker's request log and client quotas tell the library's clients
+    from the engine's by ``client.id`` (librdkafka's default named every
+    client "rdkafka")."""
     settings = parse_connection_string("Endpoint=kafka://a:9092;Namespace=shop")
     assert settings.kafka_config()["client.id"] == CLIENT_ID
     assert settings.consumer_config("readers")["client.id"] == CLIENT_ID

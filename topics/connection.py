@@ -156,8 +156,8 @@ class ConnectionSettings:
     #: librdkafka's 100 ms (see :meth:`kafka_config`)
     reconnect_backoff_ms: int | None = None
     #: the ``client.id`` of its Kafka clients: what a broker's request log,
-    #: request metrics and client quotas know them by (librdkafka's default,
-    #: "rdkafka", named every client of every process alike)
+    #: client quotas and their per-client metrics know them by (librdkafka's
+    #: default, "rdkafka", named every client of every process alike)
     client_id: str = CLIENT_ID
 
     @property
