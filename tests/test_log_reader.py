@@ -175,6 +175,38 @@ def test_receivers_taking_a_shared_reader_at_once_get_one_and_leave_no_other_con
         pool.close()
 
 
+def test_what_the_readers_of_a_partition_kept_goes_once_none_of_them_is_in_use(
+        broker: Broker) -> None:
+    """Idle readers wait for the next receiver keeping nothing: what they
+    read past was for receivers that are gone (bench-topics' client held
+    every record of each topic it had drained, walked by every full garbage
+    collection). While a receiver of the partition still reads, the keep
+    stays for it."""
+    settings, topic, append = one_partition_log(broker)
+    records = 200
+    append(records)
+    odd = range(1, records, 2)
+    pool = ReaderPool(settings)
+    try:
+        first, second = pool.take(topic, 0), pool.take(topic, 0)
+        assert set(first.read(list(range(0, records, 2)))) == set(range(0, records, 2))
+        kept = pool._kept[(topic, 0)]
+        assert set(kept.peek(range(records))) == set(odd)  # read past, for the others
+        pool.give_back(first)
+        assert set(kept.peek(range(records))) == set(odd)  # second may want them
+        pool.give_back(second)
+        assert kept.peek(range(records)) == {}
+
+        shared = pool.take(topic, 0, shared=True)  # a topic's subscriptions' reader
+        fanned = pool._kept[(topic, 0)]
+        assert set(shared.read(list(odd))) == set(odd)
+        assert fanned.peek(range(records))  # what it read, for each subscription
+        pool.give_back(shared)
+        assert fanned.peek(range(records)) == {}
+    finally:
+        pool.close()
+
+
 def _records(offsets: range) -> list[tuple[int, Message]]:
     return [(o, Message(topic="t", partition=0, offset=o, value=f"record {o:04}".encode()))
             for o in offsets]
