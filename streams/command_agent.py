@@ -613,6 +613,11 @@ async def _execute(runs: list[_Run], before: asyncio.Future[None] | None = None
     for run in runs:
         by_window.setdefault(run.cmd.window_key.encode(), []).append(run)
     early: list[asyncio.Future[None]] = []
+    if len(by_window) > 1:
+        # Windows are independent: those with a command somebody waits for
+        # go first, the others (settlements final at their append, the
+        # engine's own operations) after them.
+        by_window = dict(sorted(by_window.items(), key=lambda kv: not _awaited(kv[1])))
     last: _Pending | None = None
     for key, group in by_window.items():
         if last is not None:  # a window applied before this one: answered meanwhile
@@ -627,6 +632,11 @@ async def _execute(runs: list[_Run], before: asyncio.Future[None] | None = None
         if chunk is not None:
             last = _send_commit([chunk])
     return _Answering(early, last)
+
+
+def _awaited(group: list[_Run]) -> bool:
+    """Whether a command of ``group`` has a caller waiting for its answer."""
+    return any(run.cmd.reply is not None and not sent_quiet(run.cmd) for run in group)
 
 
 async def _answer_when_held(pending: _Pending, before: asyncio.Future[None] | None) -> None:
