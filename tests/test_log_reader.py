@@ -175,13 +175,15 @@ def test_receivers_taking_a_shared_reader_at_once_get_one_and_leave_no_other_con
         pool.close()
 
 
-def test_what_the_readers_of_a_partition_kept_goes_once_none_of_them_is_in_use(
-        broker: Broker) -> None:
-    """Idle readers wait for the next receiver keeping nothing: what they
-    read past was for receivers that are gone (bench-topics' client held
-    every record of each topic it had drained, walked by every full garbage
-    collection). While a receiver of the partition still reads, the keep
-    stays for it."""
+def test_what_the_readers_of_a_partition_kept_goes_once_none_of_them_was_used_a_while(
+        broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle readers wait for the next receiver; what they read past stays
+    for it while it comes soon (the next session of a queue, read past by
+    the last), and goes once none of the partition's readers was used for
+    KEEP_IDLE_S (bench-topics' client held every record of each topic it
+    had drained, walked by every full garbage collection). While a receiver
+    of the partition still reads, the keep stays for it."""
+    monkeypatch.setattr(_log_reader, "KEEP_IDLE_S", 0.3)
     settings, topic, append = one_partition_log(broker)
     records = 200
     append(records)
@@ -195,13 +197,21 @@ def test_what_the_readers_of_a_partition_kept_goes_once_none_of_them_is_in_use(
         pool.give_back(first)
         assert set(kept.peek(range(records))) == set(odd)  # second may want them
         pool.give_back(second)
+        assert set(kept.peek(range(records))) == set(odd)  # the next receiver's, if it comes
+        time.sleep(0.4)
+        pool.give_back(pool.take(topic, 0))
         assert kept.peek(range(records)) == {}
 
-        shared = pool.take(topic, 0, shared=True)  # a topic's subscriptions' reader
-        fanned = pool._kept[(topic, 0)]
+        _, log_topic, append_to_log = one_partition_log(broker)  # a topic's log
+        append_to_log(records)
+        shared = pool.take(log_topic, 0, shared=True)
+        fanned = pool._kept[(log_topic, 0)]
+        assert fanned.fan_out
         assert set(shared.read(list(odd))) == set(odd)
         assert fanned.peek(range(records))  # what it read, for each subscription
         pool.give_back(shared)
+        time.sleep(0.4)
+        pool.give_back(pool.take(topic, 0))  # any reader's comings and goings
         assert fanned.peek(range(records)) == {}
     finally:
         pool.close()
