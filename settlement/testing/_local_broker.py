@@ -5,6 +5,7 @@ and the tail of its log for error messages."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 import time
 from collections.abc import Callable
@@ -20,14 +21,30 @@ class BrokerStartError(RuntimeError):
     """A local broker could not be started (binary, port or start-up failure)."""
 
 
-def free_port(host: str) -> int:
-    """Ask the OS for a currently unused TCP port on *host*.
+#: Where local brokers' ports are picked: below the kernel's ephemeral range
+#: (``net.ipv4.ip_local_port_range``, 32768-60999 by default), from which
+#: every outgoing connection takes its local port. A port the OS handed out
+#: there could be taken by a connection in the seconds before a JVM bound it
+#: (a three-node test cluster failed so: "Address already in use").
+_PORTS = range(20_000, 32_768)
 
-    There is an unavoidable race between closing this probe socket and the
-    broker binding the port; the brokers' ``start`` notices a lost race
-    because the broker process then exits early.
+
+def free_port(host: str) -> int:
+    """A TCP port on *host* nothing holds now, outside the ephemeral range.
+
+    There is an unavoidable race between this probe and the broker binding
+    the port; the brokers' ``start`` notices a lost race because the broker
+    process then exits early.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    for _ in range(100):
+        port = random.choice(_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded range
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
