@@ -246,3 +246,29 @@ def test_records_gone_from_the_keep_are_kept_again_when_read_through_again(
     assert set(kept.peek(range(0, 100))) == set(range(50, 100))
     kept.keep(_records(range(0, 10)), range(0, 10))
     assert set(kept.peek(range(0, 10))) == set(range(0, 10))
+
+
+def test_a_topics_keep_grows_with_the_subscriptions_reading_it_side_by_side(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topic's keep holds a receive's worth per receiver sharing its
+    reader, up to the bound of any keep: ten subscriptions drifting apart
+    read a 20 MB log 2-3 times over in 16 MB. One subscription alone keeps
+    no more than before, and the bound shrinks again as receivers leave."""
+    size = len(b"record 0100")
+    monkeypatch.setattr(_log_reader, "_FAN_OUT_BYTES", 10 * size)
+    monkeypatch.setattr(_log_reader, "_AHEAD_BYTES", 40 * size)
+    kept = Kept(fan_out=True)
+    kept.keep(_records(range(0, 100)), range(0, 100))
+    assert set(kept.peek(range(0, 100))) == set(range(90, 100))
+    kept.shared_by(3)
+    kept.keep(_records(range(100, 200)), range(100, 200))
+    assert set(kept.peek(range(0, 200))) == set(range(170, 200))
+    kept.shared_by(10)  # no more than any keep
+    kept.keep(_records(range(200, 300)), range(200, 300))
+    assert set(kept.peek(range(0, 300))) == set(range(260, 300))
+    kept.shared_by(1)
+    assert set(kept.peek(range(0, 300))) == set(range(290, 300))
+    queue = Kept()  # a queue's keep: bounded the same however many read it
+    queue.shared_by(1)
+    queue.keep(_records(range(0, 100)), range(0, 100))
+    assert set(queue.peek(range(0, 100))) == set(range(60, 100))
