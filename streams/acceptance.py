@@ -106,6 +106,8 @@ def accept(window: WindowView, cmd: Command[AcceptArgs], _now: int, events: list
     filtered: list[int] = []  # those whose filter failed, neither selected nor dead-lettered
     expiries: list[list[int]] = []
     failed: dict[str, list[int]] = {}  # why a filter failed -> on which messages
+    left_out = _within(cmd.args.left_out, first, end)
+    window.fit_chunks(end - first, end - first - run_total(left_out))
     if window.requires_session:
         _reach(window, end)
     for item in cmd.args.items:
@@ -146,7 +148,6 @@ def accept(window: WindowView, cmd: Command[AcceptArgs], _now: int, events: list
             _join_session(window, offset, item.session)
         if expires:
             expiries.append([offset, expires])
-    left_out = _within(cmd.args.left_out, first, end)
     if filtered:
         left_out = _union(left_out, as_runs(sorted(filtered)))
     window.leave_out(_union(left_out, as_runs(sorted([*duplicates, *forwarded])))

@@ -40,7 +40,7 @@ from typing import Any
 from streams import acceptance, scheduling, sessions
 from streams.answers import KEEP_MS, Answers
 from streams.due_index import EXPIRY, LOCK, SCHEDULE, SESSION, DueIndex
-from streams.entries import FAMILIES, UNREAD, Entries, Entry, Unread
+from streams.entries import CHUNK, FAMILIES, MAX_SPREAD, UNREAD, Entries, Entry, Unread
 from streams.left_out import LeftOutBlocks
 from streams.session_index import SessionIndex
 from streams.states import (
@@ -138,6 +138,8 @@ class InflightWindow:
         self.scanned: int | None = None
         #: state -> entries in it
         self.counts: dict[str, int] = {}
+        #: the offsets one chunk of entries spans (see :meth:`fit_chunks`)
+        self.chunk_span = CHUNK
         #: entries at or after ``next`` (scheduled, cancelled... not yet reached)
         self.ahead = 0
         #: ``[first, end)`` ranges of offsets at or after ``next`` that are never
@@ -170,7 +172,7 @@ class InflightWindow:
     def _begin(self) -> None:
         """A fresh transaction for the next command."""
         self.txn = Txn(self.store)
-        self.entries = Entries(self.txn, self.prefix, self.counts)
+        self.entries = Entries(self.txn, self.prefix, self.counts, self.chunk_span)
         self.due = DueIndex(self.txn, self.prefix)
         self.answers = Answers(self.txn, self.prefix)
         self.sessions = SessionIndex(self.txn, self.prefix)
@@ -180,8 +182,8 @@ class InflightWindow:
     _HEADER_FIELDS = ("start", "next", "hw", "lock_ms", "max_delivery", "dead_letter_expired",
                       "duplicate_window_ms", "default_ttl_ms", "forward_to",
                       "forward_dead_letters_to", "requires_session", "policy_version",
-                      "scanned", "counts", "ahead", "left_out", "spilled", "spill_tail",
-                      "totals", "wake", "retained", "answers_due", "secret")
+                      "scanned", "counts", "chunk_span", "ahead", "left_out", "spilled",
+                      "spill_tail", "totals", "wake", "retained", "answers_due", "secret")
 
     def header(self) -> dict[str, Any]:
         return {"entity": self.entity, "partition": self.partition,
@@ -721,6 +723,23 @@ class InflightWindow:
             if offset >= stop:
                 return
         yield from range(offset, stop)
+
+    def fit_chunks(self, read: int, selected: int) -> None:
+        """Spread the entries' chunks as the log scanner found ``selected``
+        of ``read`` records kept (the rest left out): over :data:`CHUNK`
+        times the largest power of two up to :data:`MAX_SPREAD` that is at
+        most ``read / selected`` offsets, so that a chunk holds about as many
+        entries as a queue's. Only while the window holds no entry (no chunk
+        is stored then, under either span), and from a read large enough to
+        tell."""
+        if self.counts or read < CHUNK:
+            return
+        spread = 1
+        while spread < MAX_SPREAD and 2 * spread * selected <= read:
+            spread *= 2
+        if CHUNK * spread != self.chunk_span:
+            self.chunk_span = CHUNK * spread
+            self.entries = Entries(self.txn, self.prefix, self.counts, self.chunk_span)
 
     def leave_out(self, runs: list[int]) -> None:
         """The offsets of ``runs`` (flat ``[first, end)`` runs in order, after

@@ -303,10 +303,11 @@ def scanned_window() -> InflightWindow:
     return win
 
 
-def accept_all(win: InflightWindow, end: int, plain: set[int], per_command: int = 5000) -> None:
-    """Accept ``[0, end)``: the offsets of ``plain`` are messages, the rest
+def accept_all(win: InflightWindow, end: int, plain: set[int], per_command: int = 5000,
+               start: int = 0) -> None:
+    """Accept ``[start, end)``: the offsets of ``plain`` are messages, the rest
     left out by the subscription's rules (in commands as the scanner sends them)."""
-    for first in range(0, end, per_command):
+    for first in range(start, end, per_command):
         stop = min(first + per_command, end)
         left_out = as_runs([o for o in range(first, stop) if o not in plain])
         assert win.apply(Command(f"a{first}", "q", 0, AcceptArgs(first, stop, (), tuple(left_out))),
@@ -366,6 +367,31 @@ def test_a_million_offsets_left_out_in_ten_thousand_runs_keep_few_keys_and_go_in
     assert got == sorted(plain)
     assert acquire(win, 0, n=10) == []
     assert win.spilled == 0 and not list(win.store.range(win.prefix + b"l", win.prefix + b"m"))
+
+
+def test_a_subscription_selecting_one_message_in_ten_keeps_its_entries_in_wider_chunks(
+) -> None:
+    """Its entries lie ten offsets apart: chunks of 128 offsets each held 13,
+    and an acquire and a settlement of 1,000 each wrote 78 of them. Chunks
+    spread while the window holds no entry (none is stored under either
+    span), as the scanner found the log; messages go in order across it."""
+    win = scanned_window()
+    accept_all(win, 10_000, set(range(5, 10_000, 10)), per_command=2000)
+    assert win.chunk_span == 1024
+    outcome = win.apply(cmd("acquire", sub="active", mode="peek_lock", max=1000, hw=0), 0)
+    grants = [g.to_wire() for g in grants_from_wire(outcome.result["grants"])]
+    assert len(grants) == 1000
+    assert sum(k.startswith(win.prefix + b"c") for k in outcome.writes) <= 10
+    accept_all(win, 12_000, set(range(10_000, 12_000)), start=10_000)  # dense; entries held
+    assert win.chunk_span == 1024
+    grants += acquire(win, 0, n=1500) + acquire(win, 0, n=1500)
+    assert [g[0] for g in grants] == [*range(5, 10_000, 10), *range(10_000, 12_000)]
+    for first in range(0, len(grants), 500):
+        assert set(settle(win, 0, grants[first:first + 500], "complete")) == {"ok"}
+    assert not win.counts  # nothing held: the next accept decides again
+    accept_all(win, 14_000, set(range(12_000, 14_000)), start=12_000)
+    assert win.chunk_span == 128
+    assert [g[0] for g in acquire(win, 0, n=5)] == list(range(12_000, 12_005))
 
 
 def test_answers_are_forgotten_a_few_per_command_once_kept_long_enough() -> None:
