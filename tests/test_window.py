@@ -392,6 +392,9 @@ def test_a_subscription_selecting_one_message_in_ten_keeps_its_entries_in_wider_
     accept_all(win, 14_000, set(range(12_000, 14_000)), start=12_000)
     assert win.chunk_span == 128
     assert [g[0] for g in acquire(win, 0, n=5)] == list(range(12_000, 12_005))
+    half = scanned_window()  # rules selecting half: queue-sized chunks
+    accept_all(half, 2000, set(range(0, 2000, 2)), per_command=1000)
+    assert half.chunk_span == 128
 
 
 def test_answers_are_forgotten_a_few_per_command_once_kept_long_enough() -> None:
