@@ -435,8 +435,15 @@ class ReaderPool:
     def _share(self, key: tuple[str, int]) -> PartitionReader:
         reader, users = self._shared[key]
         self._shared[key] = (reader, users + 1)
-        self._kept[key].shared_by(users + 1)
+        self._bound_keep(key, users + 1)
         return reader
+
+    def _bound_keep(self, key: tuple[str, int], receivers: int) -> None:
+        """Size the partition's keep for the receivers sharing its reader
+        (none after :meth:`close`, which lets every keep go)."""
+        kept = self._kept.get(key)
+        if kept is not None:
+            kept.shared_by(receivers)
 
     def give_back(self, reader: PartitionReader) -> None:
         key = (reader.topic, reader.partition)
@@ -445,7 +452,7 @@ class ReaderPool:
             if held is not None and held[0] is reader:
                 if held[1] > 1:  # other receivers still read with it
                     self._shared[key] = (reader, held[1] - 1)
-                    self._kept[key].shared_by(held[1] - 1)
+                    self._bound_keep(key, held[1] - 1)
                     return
                 del self._shared[key]
             if self._closed:

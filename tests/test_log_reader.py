@@ -175,6 +175,23 @@ def test_receivers_taking_a_shared_reader_at_once_get_one_and_leave_no_other_con
         pool.close()
 
 
+def test_receivers_sharing_a_reader_give_it_back_after_their_client_closed(
+        broker: Broker) -> None:
+    """A client closed before its subscriptions' receivers: each receiver
+    still gives the shared reader back, and the last one closes it."""
+    settings, topic, append = one_partition_log(broker)
+    append(10)
+    pool = ReaderPool(settings)
+    readers = [pool.take(topic, 0, shared=True) for _ in range(3)]
+    assert len({id(r) for r in readers}) == 1
+    pool.close()
+    for reader in readers:
+        pool.give_back(reader)
+    assert pool._shared == {}
+    with pytest.raises(RuntimeError):  # its consumer is closed
+        readers[0]._consumer.assignment()
+
+
 def test_what_the_readers_of_a_partition_kept_goes_once_none_of_them_was_used_a_while(
         broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
     """Idle readers wait for the next receiver; what they read past stays
