@@ -140,6 +140,9 @@ class CommandIntake:
         self._applied: dict[int, int] = {}
         #: partition -> the offset after the last applied command (for the lag)
         self._done: dict[int, int] = {}
+        #: partition -> the offset the group holds as applied: no worker reads
+        #: a command before it again (:meth:`committed`)
+        self._committed: dict[int, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         #: what the reader read, with the assignment it was read under
         self._batches: asyncio.Queue[tuple[int, list[CommandRecord]]] = asyncio.Queue()
@@ -235,8 +238,10 @@ class CommandIntake:
         for partition in set(self._next) - partitions:
             del self._next[partition]
             self._done.pop(partition, None)
+            self._committed.pop(partition, None)
         self._next.update(starts)
         self._done.update(starts)
+        self._committed.update(starts)
         positions = [TopicPartition(self._topic, p, o) for p, o in self._next.items()]
         await self._in_reader(lambda: self._reassign(positions))
         if new:
@@ -267,11 +272,20 @@ class CommandIntake:
             if offsets := self._to_commit():
                 try:
                     await self._offsets.commit(offsets)
+                    self._committed.update(
+                        (p, o) for p, o in offsets.items() if p in self._next)
                 except KafkaException as exc:
                     # The commands after the last commit run again after a
                     # restart: repeats, which their command ids make harmless.
                     log.warning("could not commit the applied commands offsets %s (%s)",
                                 offsets, exc)
+
+    def committed(self) -> dict[int, int]:
+        """Per commands partition this worker reads: the offset its group
+        holds as applied. Every command before it was applied and is read by
+        no worker again (a new owner starts there), so the log may be
+        trimmed up to it (:mod:`streams.log_trimmer`)."""
+        return dict(self._committed)
 
     def close(self) -> None:
         """Stop reading. (What was applied since the last commit runs again

@@ -204,11 +204,17 @@ def one_partition_log(broker: Broker) -> tuple[ConnectionSettings, str, Callable
     return settings, topic, append
 
 
-def log_start(client: ServiceBusClient, log: str) -> int:
-    """The start of partition 0 of the Kafka topic ``log``."""
+def log_start(client: ServiceBusClient, log: str, partition: int = 0) -> int:
+    """The start of ``partition`` of the Kafka topic ``log``."""
+    return log_bounds(client, log, partition)[0]
+
+
+def log_bounds(client: ServiceBusClient, log: str, partition: int) -> tuple[int, int]:
+    """The start and end of ``partition`` of the Kafka topic ``log``."""
     consumer = Consumer(client.settings.consumer_config("trim-check"))
     try:
-        return consumer.get_watermark_offsets(TopicPartition(log, 0), timeout=10)[0]
+        low, high = consumer.get_watermark_offsets(TopicPartition(log, partition), timeout=10)
+        return low, high
     finally:
         consumer.close()
 

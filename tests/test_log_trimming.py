@@ -4,12 +4,16 @@ history; nothing unsettled is ever deleted."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from settlement import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from settlement.management import ServiceBusAdministrationClient
-from tests.helpers import receive_exactly, wait_for_log_start
+from tests.helpers import log_bounds, receive_exactly, wait_for_log_start
 from topics import names
+from topics.entities import DEFAULT_ENGINE_PARTITIONS
+from topics.offsets import committed_offsets
+from topics.partitions import command_partition
 
 
 def test_log_start_advances_to_the_oldest_message_still_needed(
@@ -71,3 +75,30 @@ def test_a_topics_log_start_moves_once_every_subscription_settled_past_it(
         wait_for_log_start(client, log, 4)  # b has not settled offset 4
         b.complete_messages(got[4:])
     wait_for_log_start(client, log, 10)  # every subscription settled everything
+
+
+def test_the_commands_log_starts_where_the_engine_applied_them(
+        client: ServiceBusClient, make_queue: Callable[..., str]) -> None:
+    """The commands partitions are trimmed up to the offsets the engine's
+    group committed as applied, and never past them: a command before them
+    is read by no worker again."""
+    queue = make_queue(lock_duration=30, partition_count=1)
+    namespace = client.settings.namespace
+    commands = names.commands(namespace)
+    partition = command_partition(f"{queue}#0", DEFAULT_ENGINE_PARTITIONS)
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}", message_id=str(i)) for i in range(5)])
+    with client.get_queue_receiver(queue) as receiver:
+        got = receive_exactly(receiver, 5)
+        assert all(r.succeeded for r in receiver.complete_messages(got))
+    _, end = log_bounds(client, commands, partition)  # this test's commands are before it
+    assert end > 0
+    deadline = time.monotonic() + 45  # committed every 1 s, trimmed every 5 s, 10 s later
+    while (start := log_bounds(client, commands, partition)[0]) < end \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert start >= end, f"the commands log of partition {partition} starts at {start}, " \
+                         f"not past this test's commands (before {end})"
+    committed = committed_offsets(client.settings.kafka_config(),
+                                  names.engine_app_id(namespace), commands, [partition], 10)
+    assert start <= committed[partition], (start, committed)
