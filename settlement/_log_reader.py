@@ -400,6 +400,10 @@ class ReaderPool:
         receiver that asks so uses (see the class)."""
         key = (topic, partition)
         with self._lock:
+            # A client may be used again after close (as in the SDK): its
+            # readers are pooled again (given back closed, each receiver
+            # after that made a consumer of its own).
+            self._closed = False
             self._drop_idle_keeps()
             self._idle_since.pop(key, None)
             if shared and key in self._shared:

@@ -192,6 +192,29 @@ def test_receivers_sharing_a_reader_give_it_back_after_their_client_closed(
         readers[0]._consumer.assignment()
 
 
+def test_a_pool_closed_with_its_client_pools_readers_again_once_the_client_is_used_again(
+        broker: Broker) -> None:
+    """As in the SDK, a client may be used again after close: the receivers
+    it makes then give their readers back to wait for the next one, as
+    before the close, rather than closing them."""
+    settings, topic, append = one_partition_log(broker)
+    append(10)
+    pool = ReaderPool(settings)
+    try:
+        pool.give_back(pool.take(topic, 0))
+        pool.close()
+        assert pool._idle == []
+        reader = pool.take(topic, 0)
+        assert set(reader.read([3])) == {3}
+        pool.give_back(reader)
+        assert pool._idle == [reader]
+        again = pool.take(topic, 0)
+        assert again is reader
+        pool.give_back(again)
+    finally:
+        pool.close()
+
+
 def test_what_the_readers_of_a_partition_kept_goes_once_none_of_them_was_used_a_while(
         broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
     """Idle readers wait for the next receiver; what they read past stays
