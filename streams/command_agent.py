@@ -188,11 +188,16 @@ class _FaustGroupOffsets:
 #: with 20 ms 33 % (1,344). make bench of 2026-11-29, 20 ms against 5 ms,
 #: two runs of each interleaved: one thread 2,901-3,004 against 2,713-2,779
 #: msg/s (the engine 0.24 of a core against 0.34), 8 threads 4,744-5,635
-#: against 4,304-4,631, asyncio 11,960-13,216 against 11,901-11,953. Nobody
-#: is kept waiting: a command someone waits for ends the wait, and a
-#: settlement is judged by when it was appended, not applied
-#: (docs/settlement-by-log.md).
-QUIET_LINGER_S = 0.020
+#: against 4,304-4,631, asyncio 11,960-13,216 against 11,901-11,953. With
+#: 50 ms (harnesses of 2026-12-07, the code before and after in turn): a
+#: topic's 3 subscriptions settling one by one 2,619 -> 2,860 msg/s (16
+#: trials each), the engine 0.33-0.40 -> 0.26-0.31 of a core; one thread,
+#: 8 threads, asyncio and ``process`` 2-8 % faster, the engine's CPU a
+#: message 10-20 % lower. A receive ends the wait all the same (one comes
+#: every 40 ms or so in those phases). Nobody is kept waiting: a command
+#: someone waits for ends the wait, and a settlement is judged by when it
+#: was appended, not applied (docs/settlement-by-log.md).
+QUIET_LINGER_S = 0.050
 #: What is held is applied before the next command somebody waits for: a
 #: session's settlements, held 20 ms, stood in front of its release and the
 #: next session's lock (bench-sessions of 2026-11-27: lock p50 11.9 ->
