@@ -213,8 +213,7 @@ def log_bounds(client: ServiceBusClient, log: str, partition: int) -> tuple[int,
     """The start and end of ``partition`` of the Kafka topic ``log``."""
     consumer = Consumer(client.settings.consumer_config("trim-check"))
     try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(log, partition), timeout=10)
-        return low, high
+        return consumer.get_watermark_offsets(TopicPartition(log, partition), timeout=10)
     finally:
         consumer.close()
 
