@@ -204,9 +204,20 @@ class PartitionReader:
         self._lock = threading.RLock()
 
     def high_watermark(self, timeout: float = 5.0) -> int:
-        """The log end seen in the latest fetch response (waits for the first)."""
-        with self._lock:
+        """The log end seen in the latest fetch response (waits for the first).
+        While another read holds the reader, the end it last saw: that read
+        refreshes it as it goes. The receivers of a topic's ten
+        subscriptions share one reader, and each acquire asks this first:
+        waiting for the others' reads made each wait 4-8 ms (up to 110)
+        before its acquire was even sent."""
+        if not self._lock.acquire(blocking=False):
+            if self._hw != OFFSET_UNKNOWN:
+                return self._hw
+            self._lock.acquire()
+        try:
             return self._high_watermark(timeout)
+        finally:
+            self._lock.release()
 
     def _high_watermark(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
