@@ -628,7 +628,7 @@ async def _execute(runs: list[_Run], before: asyncio.Future[None] | None = None
         if last is not None:  # a window applied before this one: answered meanwhile
             early.append(asyncio.ensure_future(_answer_when_held(last, before)))
             last = None
-            await asyncio.sleep(0)  # the acknowledgements come in, the answers go out
+            await _let_answers_out()
         try:
             chunk = await _apply_group(key, group)
         except Exception:  # one window's failure must not stop the others
@@ -637,6 +637,24 @@ async def _execute(runs: list[_Run], before: asyncio.Future[None] | None = None
         if chunk is not None:
             last = _send_commit([chunk])
     return _Answering(early, last)
+
+
+#: turns of the event loop between two windows of a batch: a window's
+#: answers go out once its acknowledgement's report has resolved its future
+#: (one turn), the gather of its records' futures has followed (another),
+#: and its answering task has woken from its wait for the batch before and
+#: then for them (two or three more). With one turn, a batch of a topic's
+#: ten subscriptions' acquires, 3 ms a window to apply, was answered all at
+#: once after the last (the engine's own trace: applied 26-58 ms after
+#: publishing ended, every answer at 59-60 ms); a turn costs microseconds.
+_ANSWER_TURNS = 5
+
+
+async def _let_answers_out() -> None:
+    """Let the acknowledgements in and the answers of the windows applied
+    before out, before the next window is applied."""
+    for _ in range(_ANSWER_TURNS):
+        await asyncio.sleep(0)
 
 
 def _awaited(group: list[_Run]) -> bool:
