@@ -407,7 +407,8 @@ class ReaderPool:
         #: others wait for that one rather than each making a consumer of its
         #: own, to close it when they find the first one made (the ten
         #: subscriptions' first receives made ten; closing the nine took one
-        #: of them up to 700 ms before its acquire was sent)
+        #: of them up to 700 ms before its acquire was sent). Dropped with the
+        #: partition's last reader, as its keep is.
         self._making: dict[tuple[str, int], threading.Lock] = {}
         self._closed = False
         self._lock = threading.Lock()
@@ -450,9 +451,17 @@ class ReaderPool:
             raise
         if not shared:
             return reader
-        with self._lock:  # no other taker made one meanwhile: they wait on _making
-            self._shared[key] = (reader, 0)
-            return self._share(key)
+        with self._lock:
+            if key not in self._shared:
+                self._shared[key] = (reader, 0)
+                return self._share(key)
+            # Made meanwhile by a taker holding a newer lock of _making (this
+            # one's went with the partition's last reader): that one is
+            # shared, and this one closed rather than left idle.
+            self._forget(key)
+            shared_reader = self._share(key)
+        reader.close()
+        return shared_reader
 
     def _share(self, key: tuple[str, int]) -> PartitionReader:
         reader, users = self._shared[key]
@@ -511,6 +520,7 @@ class ReaderPool:
             del self._readers[key]
             self._kept.pop(key, None)
             self._idle_since.pop(key, None)
+            self._making.pop(key, None)
 
     def close(self) -> None:
         with self._lock:
