@@ -185,7 +185,13 @@ class PartitionReader:
         self._fetch_waits = settings.profile.wakes_waiting_fetches
         self._consumer = Consumer(self._config)
         try:
-            lower = listed_end(self._consumer, (topic, partition), time.monotonic() + 10)
+            # Where the broker trims (DeleteRecords), the log starts at the oldest
+            # offset the engine may still hand out: its first grants lie there
+            # and the consumer fetches them while they are locked. Elsewhere the
+            # log keeps its history, and the reader waits at the end.
+            at_start = settings.profile.deletes_records
+            lower = listed_end(self._consumer, (topic, partition), time.monotonic() + 10,
+                               start=at_start) + at_start
         except KafkaException:
             try:
                 self._raise_if_denied(

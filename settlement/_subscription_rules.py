@@ -41,19 +41,26 @@ class SubscriptionRules:
             self._rules, self._read_at = RuleSet(specs), time.monotonic()
         return self._rules
 
-    def apply_actions(self, message: ServiceBusReceivedMessage, record: Message) -> None:
-        """Set the message's application properties to what the actions of
-        its matching rules make of them."""
+    def actions(self) -> RuleSet | None:
+        """The rules, when one of them has an action to apply; None when none
+        has (most subscriptions). Asked once for a batch of messages, not
+        for each: the look at the clock and at the rules, for every message
+        received, cost ten filtered subscriptions' receivers 1.5-2 us a message
+        (a harness of bench.topics' drain)."""
         rules = self._current()
-        if not rules.has_actions:
-            return
-        try:
-            system, user = filter_properties(record.value(), record.headers(),
-                                             record.timestamp()[1], *position_of(record))
-        except MalformedRecord:
-            return
-        view = MessageView(system, user)
-        verdict = rules.evaluate(view)
-        if verdict.actions:
-            message.application_properties = ReceivedProperties(
-                rules.apply_actions(view, verdict.actions))
+        return rules if rules.has_actions else None
+
+
+def apply_actions(rules: RuleSet, message: ServiceBusReceivedMessage, record: Message) -> None:
+    """Set the message's application properties to what the actions of
+    its matching ``rules`` make of them."""
+    try:
+        system, user = filter_properties(record.value(), record.headers(),
+                                         record.timestamp()[1], *position_of(record))
+    except MalformedRecord:
+        return
+    view = MessageView(system, user)
+    verdict = rules.evaluate(view)
+    if verdict.actions:
+        message.application_properties = ReceivedProperties(
+            rules.apply_actions(view, verdict.actions))

@@ -29,7 +29,7 @@ from settlement._keywords import check_timeout, refuse
 from settlement._log_reader import PartitionReader, ReaderPool
 from settlement._session import ServiceBusSession, ServiceBusSessionFilter
 from settlement._settle_batcher import SettleBatcher
-from settlement._subscription_rules import SubscriptionRules
+from settlement._subscription_rules import SubscriptionRules, apply_actions
 from settlement.exceptions import (
     InvalidOperationError,
     MessageAlreadySettled,
@@ -414,6 +414,7 @@ class ServiceBusReceiver:
         now = dt.datetime.now(dt.UTC)
         # an acquire's locks end together: one datetime for all of them
         lock_ends: dict[int, dt.datetime] = {}
+        actions = self._rules.actions() if self._rules is not None else None
         for grant in grants:
             offset, token, count = grant.offset, grant.lock_token, grant.deliveries
             record = records[offset]
@@ -451,8 +452,8 @@ class ServiceBusReceiver:
                                                str(exc)))
                     continue
             self._apply_queue_ttl(message)
-            if self._rules is not None:
-                self._rules.apply_actions(message, record)
+            if actions is not None:
+                apply_actions(actions, message, record)
             if not peeked and self._sub == "active":
                 held = _withhold(message, offset, token, now)
                 if held is not None:

@@ -43,6 +43,7 @@ _LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEAD
 OFFSET_UNKNOWN = -1001
 #: ListOffsets' timestamp for the log end
 _LATEST = -1
+_EARLIEST = -2
 
 
 def take(consumer: Consumer, max_records: int, timeout: float) -> list[Message]:
@@ -105,8 +106,9 @@ def committed_offsets(config: dict[str, Any], group: str, topic: str, partitions
 
 
 def listed_end(consumer: Consumer, tp: tuple[str, int], deadline: float,
-               also: frozenset[int] = frozenset()) -> int:
-    """ListOffsets(latest), asked again until ``deadline`` (``time.monotonic``)
+               also: frozenset[int] = frozenset(), *, start: bool = False) -> int:
+    """ListOffsets(latest), or with ``start`` ListOffsets(earliest): the log
+    start. Asked again until ``deadline`` (``time.monotonic``)
     while the broker answers with a retriable error, or one of the codes
     ``also`` names: a topic created a moment ago may have no leader yet
     (Apache Kafka says "Not leader for partition" until metadata spreads),
@@ -119,7 +121,8 @@ def listed_end(consumer: Consumer, tp: tuple[str, int], deadline: float,
     while True:
         try:
             [listed] = consumer.offsets_for_times(
-                [TopicPartition(*tp, _LATEST)], timeout=max(0.1, deadline - time.monotonic()))
+                [TopicPartition(*tp, _EARLIEST if start else _LATEST)],
+                timeout=max(0.1, deadline - time.monotonic()))
             if listed.error is not None:
                 raise KafkaException(listed.error)
             return int(listed.offset)
