@@ -175,20 +175,25 @@ class HeaderLines:
     def __init__(self) -> None:
         self._lines: dict[bytes, bytes] = {}
         self._listed_at: float | None = None  # None: to be listed again
+        #: counts the windows added and removed: a timer that lists the
+        #: windows once a second lists them again when it moved
+        self.changes = 0
 
     def items(self) -> list[tuple[bytes, bytes]]:
         """``(window key, first line)`` of every stored window header."""
         if self._listed_at is None or time.monotonic() - self._listed_at > self.RELIST_S:
             self._lines = {key: _first_line(raw) for key, raw in stored_headers() if raw}
             self._listed_at = time.monotonic()
+            self.changes += 1
         return list(self._lines.items())
 
     def noted(self, key: bytes, raw: bytes | None) -> None:
         """The engine wrote ``raw`` as the header of window ``key`` (None: deleted it)."""
         if raw:
+            self.changes += key not in self._lines
             self._lines[key] = _first_line(raw)
-        else:
-            self._lines.pop(key, None)
+        elif self._lines.pop(key, None) is not None:
+            self.changes += 1
 
     def forget(self) -> None:
         """Partitions moved: list the table again when next asked."""

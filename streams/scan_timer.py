@@ -39,14 +39,17 @@ PAUSE_WHEN_IDLE_S = 0.05
 @app.task
 async def scan_queue_logs() -> None:
     """Scan continuously (see :data:`PAUSE_AFTER_RECORDS_S`). Which windows
-    are scanned is looked up once a second."""
+    are scanned is looked up once a second, and as soon as a window is
+    added: a subscription created just before its topic was published was
+    scanned up to a second late, and held back the scans of the others
+    (they share one consumer, which the window furthest behind drives)."""
     scanned: list[bytes] = []
-    listed_at = 0.0
+    listed_at, listed_changes = 0.0, -1
     while True:
-        if time.monotonic() - listed_at > 1.0:
+        if time.monotonic() - listed_at > 1.0 or header_lines.changes != listed_changes:
             scanned = [key for key, line in header_lines.items()
                        if InflightWindow.is_scanned(line)]
-            listed_at = time.monotonic()
+            listed_at, listed_changes = time.monotonic(), header_lines.changes
         due = [window for key in scanned if not _scanner.nothing_new(key.decode())
                and (raw := headers.get(key)) and InflightWindow.is_scanned(raw)
                and (window := _window(key, raw)) is not None]
