@@ -18,14 +18,34 @@ from topics.rule_set import RuleSet, RuleSpec
 
 
 class _CountedMoves:
-    """The scanner's consumer, noting where it is moved to (``assign``)."""
+    """The scanner's consumers of one log, noting where each is moved to
+    (``assign``): a consumer moved is a new one where a fetch waits at the
+    log end (streams.log_scanner.LogScanner._replace_consumer), and the
+    moves of all of them count."""
 
-    def __init__(self, consumer: Consumer) -> None:
-        self._consumer = consumer
+    def __init__(self, scanner: LogScanner) -> None:
         self.moves: list[int] = []
+        self._make = scanner._consumer
+        self._scanner = scanner
+        scanner._consumer = self._consumer  # type: ignore[method-assign]
+
+    def _consumer(self, tp: tuple[str, int]) -> Consumer:
+        consumer = self._make(tp)
+        if not isinstance(consumer, _Counted):
+            consumer = self._scanner._consumers[tp] = _Counted(  # type: ignore[assignment]
+                consumer, self.moves)
+        return consumer
+
+
+class _Counted:
+    """A consumer noting where it is moved to in ``moves``."""
+
+    def __init__(self, consumer: Consumer, moves: list[int]) -> None:
+        self._consumer = consumer
+        self._moves = moves
 
     def assign(self, partitions: list[TopicPartition]) -> None:
-        self.moves.append(partitions[0].offset)
+        self._moves.append(partitions[0].offset)
         self._consumer.assign(partitions)
 
     def __getattr__(self, name: str) -> Any:
@@ -34,15 +54,12 @@ class _CountedMoves:
 
 def _scanner_of_log(broker: Broker, records: int
                     ) -> tuple[LogScanner, tuple[str, int], _CountedMoves, Callable[[int], None]]:
-    """A scanner with a counted consumer of a new one-partition log of
+    """A scanner whose consumers are counted, of a new one-partition log of
     ``records`` records, and what appends more records to it."""
     settings, topic, append = one_partition_log(broker)
     append(records)
     scanner = LogScanner(settings, lambda: None)  # type: ignore[arg-type,return-value]
-    tp = (topic, 0)
-    counted = _CountedMoves(scanner._consumer(tp))
-    scanner._consumers[tp] = counted  # type: ignore[assignment]
-    return scanner, tp, counted, append
+    return scanner, (topic, 0), _CountedMoves(scanner), append
 
 
 def _read_in_rounds(scanner: LogScanner, tp: tuple[str, int], starts: dict[str, int],
