@@ -41,7 +41,7 @@ _LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEAD
                             KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH})
 #: librdkafka's OFFSET_INVALID: no fetch response has given a watermark yet.
 OFFSET_UNKNOWN = -1001
-#: ListOffsets' timestamp for the log end
+#: ListOffsets' timestamps for the log end and the log start
 _LATEST = -1
 _EARLIEST = -2
 
