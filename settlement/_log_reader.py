@@ -210,8 +210,9 @@ class PartitionReader:
         engine locks them. The first read of a topic's ten subscriptions
         sought there from the end and waited 20-45 ms for the first records
         (bench-topics; the drain is 0.4 s). Elsewhere the log keeps its
-        history, which a reader would fetch for nothing: at the last
-        record, whose fetch answers with the log end at once."""
+        history, which a reader would fetch for nothing: before the end
+        ListOffsets reports (on Tansu a lower bound of it), whose fetch
+        answers with the log end at once."""
         tp = (self.topic, self.partition)
         if settings.profile.deletes_records:
             return listed_end(self._consumer, tp, time.monotonic() + 10, start=True)

@@ -7,7 +7,8 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import Message, Producer
+from confluent_kafka import Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from settlement import _log_reader
 from settlement._log_reader import Kept, ReaderPool
@@ -107,6 +108,35 @@ def test_a_reader_draining_its_fetch_queue_fast_finds_the_next_records_fetched(
             time.sleep(0.2 if not first else 0.02)
         assert slowest < 0.3, f"a read of {batch} records ({batch * size / 2**20:.0f} MB) " \
                               f"took {slowest:.2f} s"
+    finally:
+        pool.give_back(reader)
+        pool.close()
+
+
+def test_a_new_reader_fetches_from_where_the_engine_trims_the_log_to(broker: Broker) -> None:
+    """Where the broker trims logs (DeleteRecords, Apache Kafka), the engine
+    trims an entity's log up to the oldest offset it may still hand out: a
+    new reader's consumer fetches from the log start, so the records the
+    first grants most likely name are at hand before they are asked for (a
+    topic's ten subscriptions sought there from the log end and waited 20-45
+    ms for them)."""
+    settings, topic, append = one_partition_log(broker)
+    records, trimmed = 2_000, 500
+    append(records)
+    assert settings.profile.deletes_records
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    [done] = admin.delete_records([TopicPartition(topic, 0, trimmed)]).values()
+    done.result(30)
+
+    pool = ReaderPool(settings)
+    reader = pool.take(topic, 0)
+    try:
+        deadline = time.monotonic() + 10
+        found: dict[int, Message] = {}
+        while not found and time.monotonic() < deadline:
+            found = reader.at_hand(range(0, records))  # only what it fetched, never waited for
+            time.sleep(0.01)
+        assert min(found) == trimmed
     finally:
         pool.give_back(reader)
         pool.close()

@@ -114,6 +114,31 @@ def test_a_window_behind_the_kept_records_moves_the_consumer_back_once(broker: B
         scanner.close()
 
 
+def test_a_window_behind_is_read_without_waiting_out_the_fetch_parked_at_the_log_end(
+        broker: Broker) -> None:
+    """The consumer of a log read to its end waits there for new records
+    (Apache Kafka holds the fetch up to 500 ms), and a consumer moved waits
+    for it: a window behind (a subscription created just before its topic
+    was published) moves the scanner to a new consumer instead, and gets its
+    first records in a fraction of that (it took 460 ms, and the windows of
+    the other subscriptions, ahead of it, waited for it)."""
+    records = MAX_RECORDS * 2
+    scanner, tp, consumer, _ = _scanner_of_log(broker, records)
+    try:
+        assert _read_in_rounds(scanner, tp, {"w0": 0}, records)["w0"] == list(range(records))
+        time.sleep(0.02)  # its next fetch waits at the log end
+        started = time.monotonic()
+        behind: list[Any] = []
+        while not behind and time.monotonic() - started < 5:
+            behind = scanner._read("w1", tp, 100)
+        took = time.monotonic() - started
+        assert [r.offset for r in behind[:3]] == [100, 101, 102]
+        assert consumer.moves == [0, 100]
+        assert took < 0.3, f"the window behind waited {took:.2f} s for its first records"
+    finally:
+        scanner.close()
+
+
 def test_a_window_that_stops_reading_holds_the_others_back_only_for_a_while(
         broker: Broker, monkeypatch: Any) -> None:
     """Where a window last read stops counting after ``_PLACE_KEPT_S`` (its
