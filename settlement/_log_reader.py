@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from settlement.exceptions import ServiceBusCommunicationError, denied
 from topics.connection import ConnectionSettings
 from topics.names import entity_of_log
-from topics.offsets import OFFSET_UNKNOWN, GapGuard, listed_end, offset_of, take
+from topics.offsets import OFFSET_UNKNOWN, GapGuard, listed_end, listed_start, offset_of, take
 
 #: most bytes of records read past and kept for later reads: the size of
 #: librdkafka's own fetch queue by default (``queued.max.messages.kbytes``)
@@ -215,7 +215,7 @@ class PartitionReader:
         answers with the log end at once."""
         tp = (self.topic, self.partition)
         if settings.profile.deletes_records:
-            return listed_end(self._consumer, tp, time.monotonic() + 10, start=True)
+            return listed_start(self._consumer, tp, time.monotonic() + 10)
         return max(0, listed_end(self._consumer, tp, time.monotonic() + 10) - 1)
 
     def high_watermark(self, timeout: float = 5.0) -> int:

@@ -106,9 +106,8 @@ def committed_offsets(config: dict[str, Any], group: str, topic: str, partitions
 
 
 def listed_end(consumer: Consumer, tp: tuple[str, int], deadline: float,
-               also: frozenset[int] = frozenset(), *, start: bool = False) -> int:
-    """ListOffsets(latest), or with ``start`` ListOffsets(earliest): the log
-    start. Asked again until ``deadline`` (``time.monotonic``)
+               also: frozenset[int] = frozenset()) -> int:
+    """ListOffsets(latest), asked again until ``deadline`` (``time.monotonic``)
     while the broker answers with a retriable error, or one of the codes
     ``also`` names: a topic created a moment ago may have no leader yet
     (Apache Kafka says "Not leader for partition" until metadata spreads),
@@ -118,11 +117,20 @@ def listed_end(consumer: Consumer, tp: tuple[str, int], deadline: float,
     One request: ``offsets_for_times`` with the timestamp -1 (latest), where
     ``get_watermark_offsets`` asks for the log start too, in a request of its
     own (every new receiver reads on the entity definitions so)."""
+    return _listed(consumer, tp, _LATEST, deadline, also)
+
+
+def listed_start(consumer: Consumer, tp: tuple[str, int], deadline: float) -> int:
+    """ListOffsets(earliest): the log start, asked as :func:`listed_end` asks."""
+    return _listed(consumer, tp, _EARLIEST, deadline, frozenset())
+
+
+def _listed(consumer: Consumer, tp: tuple[str, int], timestamp: int, deadline: float,
+            also: frozenset[int]) -> int:
     while True:
         try:
             [listed] = consumer.offsets_for_times(
-                [TopicPartition(*tp, _EARLIEST if start else _LATEST)],
-                timeout=max(0.1, deadline - time.monotonic()))
+                [TopicPartition(*tp, timestamp)], timeout=max(0.1, deadline - time.monotonic()))
             if listed.error is not None:
                 raise KafkaException(listed.error)
             return int(listed.offset)
